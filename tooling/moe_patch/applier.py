@@ -1,0 +1,248 @@
+"""Applying a series to a work tree: one commit per patch, and a report.
+
+Each patch is, in order: recognised as already upstream (its declared probe
+finds the feature, or it reverse-applies cleanly), applied with ``git am`` (no
+fuzz; offsets are fine), applied with a 3-way merge against its series base, or
+reported as failed with the file and hunk.  Commits are made with the patch's
+own author and date as committer too, so re-applying the same series to the
+same base gives the same commit ids: that is how a second run knows it changed
+nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import json
+import re
+from pathlib import Path
+
+import git
+from packaging.version import Version
+
+from . import gitutil, probes, trees
+from .errors import BusyError, MoePatchError, PatchFormatError, StateError
+from .patchfile import Patch
+from .report import (
+    APPLIED,
+    APPLIED_3WAY,
+    FAILED,
+    NOT_ATTEMPTED,
+    UPSTREAM,
+    ApplyReport,
+    PatchOutcome,
+)
+from .series import Series
+
+STATE_FILE = "moe-patch-state.json"
+_FAILED_AT = re.compile(r"error: patch failed: (.+):(\d+)")
+_DOES_NOT_EXIST = re.compile(r"error: (.+): (does not exist in index|No such file or directory)")
+
+
+def branch_name(version: str) -> str:
+    return f"moe-patch/v{version}"
+
+
+def read_state(tree: Path) -> dict:
+    try:
+        return json.loads((_git_dir(tree) / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_state(tree: Path, state: dict) -> None:
+    (_git_dir(tree) / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
+
+
+def _git_dir(tree: Path) -> Path:
+    return Path(gitutil.run(tree, "rev-parse", "--absolute-git-dir"))
+
+
+@contextlib.contextmanager
+def target_lock(tree: Path):
+    import filelock
+
+    lock = filelock.FileLock(str(_git_dir(tree) / "moe-patch.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        raise BusyError(
+            f"another moe-patch run is changing {tree}; wait for it to finish"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _identity(patch: Patch) -> dict[str, str]:
+    name, address = email.utils.parseaddr(patch.author)
+    if not address:
+        raise PatchFormatError(f"patch {patch.path.name} has no valid From: author")
+    return gitutil.commit_env(name or address, address, patch.date)
+
+
+def check_symlinks(tree: Path, base: str, patches: list[Patch]) -> None:
+    """Refuse patches that would write through a symbolic link in the base tree."""
+    prefixes = set()
+    for patch in patches:
+        for path in patch.files:
+            parts = path.split("/")
+            prefixes.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+    if not prefixes:
+        return
+    listing = gitutil.run(tree, "ls-tree", "--full-tree", base, "--", *sorted(prefixes))
+    for line in listing.splitlines():
+        meta, _, path = line.partition("\t")
+        if meta.startswith("120000"):
+            owner = next(
+                p for p in patches if any(f == path or f.startswith(path + "/") for f in p.files)
+            )
+            raise PatchFormatError(
+                f"patch {owner.path.name} touches {path!r}, a symbolic link in the tree "
+                "that could lead outside it; refused"
+            )
+
+
+def _apply_check(tree: Path, patch: Patch, *extra: str) -> str | None:
+    """None if ``git apply --check`` accepts the patch, else git's error output."""
+    try:
+        gitutil.run(tree, "apply", "--check", *extra, str(patch.path))
+        return None
+    except git.GitCommandError as exc:
+        return str(exc.stderr or exc)
+
+
+def _where_it_fails(patch: Patch, errors: str) -> str:
+    match = _FAILED_AT.search(errors)
+    if match:
+        path, line = match.group(1), int(match.group(2))
+        for hunk in patch.hunks:
+            if hunk.path == path and hunk.source_start == line:
+                return f"{path}: hunk {hunk.number} {hunk.header} does not apply"
+        return f"{path}: hunk at line {line} does not apply"
+    match = _DOES_NOT_EXIST.search(errors)
+    if match:
+        return f"{match.group(1)}: file does not exist in this tree"
+    last = [line for line in errors.splitlines() if line.strip()]
+    return last[-1].strip() if last else "does not apply"
+
+
+def _am(tree: Path, patch: Patch, three_way: bool) -> bool:
+    args = ["am", "-q", "--committer-date-is-author-date", "--keep-cr"]
+    if three_way:
+        args.append("-3")
+    try:
+        gitutil.run(tree, *args, str(patch.path), env=_identity(patch))
+        return True
+    except git.GitCommandError:
+        with contextlib.suppress(git.GitCommandError):
+            gitutil.run(tree, "am", "--abort")
+        return False
+
+
+def _fetch_base_objects(tree: Path, series_base: str, index_url: str | None) -> bool:
+    """Bring the series base release's blobs into ``tree`` so ``git am -3`` can merge."""
+    try:
+        repo = trees.release_repo(series_base, index_url)
+        gitutil.run(
+            tree,
+            "fetch",
+            "-q",
+            "--no-tags",
+            str(repo),
+            f"refs/tags/{trees.release_tag(series_base)}",
+        )
+        return True
+    except (MoePatchError, git.GitCommandError):  # no base: no 3-way fallback
+        return False
+
+
+def apply_series(
+    tree: Path,
+    base: str,
+    version: str,
+    series: Series,
+    only: list[str] | None = None,
+    index_url: str | None = None,
+) -> ApplyReport:
+    """Apply ``series`` (or the ``only`` patches of it) on ``base`` in ``tree``."""
+    patches = series.select(only)
+    branch = branch_name(version)
+    report = ApplyReport(
+        vllm=version, series_base=series.base, tree=str(tree), branch=branch, base_commit=base
+    )
+    repo = gitutil.open_repo(tree)
+    with target_lock(tree):
+        gitutil.require_clean(repo, "target tree")
+        state = read_state(tree)
+        previous = _branch_head(tree, branch)
+        if previous and previous != state.get("heads", {}).get(branch):
+            raise StateError(
+                f"branch {branch} in {tree} has commits moe-patch did not make; "
+                "move them to another branch or delete it, then run again"
+            )
+        check_symlinks(tree, base, patches)
+        for patch in patches:
+            for declaration in patch.trailer_values("Upstream-Probe"):
+                probes.parse(declaration, patch.path.name)
+
+        gitutil.run(tree, "checkout", "-q", "--detach", base)
+        fetched_base = Version(series.base) == Version(version)
+        failed = False
+        for patch in patches:
+            outcome = PatchOutcome(
+                patch.id, patch.subject, NOT_ATTEMPTED, upstream_status=patch.upstream_status
+            )
+            report.outcomes.append(outcome)
+            if failed:
+                continue
+            upstream = _upstream_evidence(tree, patch)
+            if upstream:
+                outcome.status, outcome.detail = UPSTREAM, upstream
+                continue
+            errors = _apply_check(tree, patch)
+            if errors is None and _am(tree, patch, three_way=False):
+                outcome.status = APPLIED
+            else:
+                if not fetched_base:
+                    fetched_base = _fetch_base_objects(tree, series.base, index_url)
+                if fetched_base and _am(tree, patch, three_way=True):
+                    outcome.status = APPLIED_3WAY
+                else:
+                    outcome.status, failed = FAILED, True
+                    outcome.detail = _where_it_fails(
+                        patch, errors or _apply_check(tree, patch) or ""
+                    )
+                    continue
+            outcome.commit = gitutil.run(tree, "rev-parse", "HEAD")
+
+        head = gitutil.run(tree, "rev-parse", "HEAD")
+        report.head = head
+        report.unchanged = previous == head
+        gitutil.run(tree, "checkout", "-q", "-B", branch, head)
+        heads = state.get("heads", {})
+        heads[branch] = head
+        _write_state(tree, {"heads": heads, "bases": {**state.get("bases", {}), branch: base}})
+    return report
+
+
+def recorded_base(tree: Path, version: str) -> str | None:
+    return read_state(tree).get("bases", {}).get(branch_name(version))
+
+
+def _branch_head(tree: Path, branch: str) -> str | None:
+    try:
+        return gitutil.run(tree, "rev-parse", "-q", "--verify", f"refs/heads/{branch}")
+    except git.GitCommandError:
+        return None
+
+
+def _upstream_evidence(tree: Path, patch: Patch) -> str | None:
+    for declaration in patch.trailer_values("Upstream-Probe"):
+        result = probes.run(declaration, tree, patch.path.name)
+        if result.found:
+            return f"probe: {result.detail}"
+    if _apply_check(tree, patch, "-R") is None:
+        return "the tree already contains this change (it reverse-applies cleanly)"
+    return None

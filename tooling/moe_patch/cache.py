@@ -1,0 +1,95 @@
+"""The user cache: where downloads and release trees live, and how it stays sound.
+
+Layout under :func:`root` (``$MOE_PATCH_CACHE``, else the user cache directory,
+which honours ``XDG_CACHE_HOME``)::
+
+    index/vllm-<hash of index url>.json   release listing of one index
+    sdist/vllm-X.Y.Z.tar.gz               verified source distributions
+    trees/vX.Y.Z.git                      bare git repository, one commit tagged vX.Y.Z
+    locks/<name>.lock                     one lock per entry
+
+Every entry is built beside its final name and renamed into place, so an entry
+that exists is complete; a killed run leaves only ``*.part-*`` / ``.tmp-*``
+names, which nothing trusts and the next run removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import filelock
+import platformdirs
+
+from .errors import BusyError
+
+LOCK_TIMEOUT = float(os.environ.get("MOE_PATCH_LOCK_TIMEOUT", "900"))
+
+
+def root() -> Path:
+    configured = os.environ.get("MOE_PATCH_CACHE")
+    path = Path(configured) if configured else Path(platformdirs.user_cache_dir("moe-patch"))
+    return path.expanduser().absolute()
+
+
+def subdir(name: str) -> Path:
+    path = root() / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def locked(name: str, timeout: float | None = None) -> Iterator[None]:
+    """Hold the cache lock ``name``; wait up to ``timeout`` s, then fail as busy."""
+    lock = filelock.FileLock(str(subdir("locks") / f"{name}.lock"))
+    wait = LOCK_TIMEOUT if timeout is None else timeout
+    try:
+        lock.acquire(timeout=wait)
+    except filelock.Timeout:
+        raise BusyError(
+            f"another moe-patch run holds the cache entry {name!r} (waited {wait:.0f} s); "
+            "wait for it to finish, or set MOE_PATCH_LOCK_TIMEOUT"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.part-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def remove_leftovers(directory: Path, name: str) -> None:
+    """Delete what a killed run left while building entry ``name`` (call under its lock)."""
+    if not directory.is_dir():
+        return
+    for entry in directory.iterdir():
+        if entry.name.startswith((f".{name}.part-", f".tmp-{name}-")):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,121 @@
+"""The ``moe-patch`` command line: a thin click layer over :mod:`moe_patch.commands`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .commands.apply import apply as apply_command
+from .commands.list import list_series
+from .errors import EXIT_CODES_HELP, EXIT_PATCH_FAILED, MoePatchError
+from .report import render_apply, render_table
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class _Group(click.Group):
+    """Turns every :class:`MoePatchError` into one line on stderr and its exit code."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except MoePatchError as exc:
+            click.secho(f"moe-patch: error: {exc.message}", err=True, fg="red")
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.secho("moe-patch: interrupted; run the same command again to finish", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_Group, context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+@click.version_option(__version__, prog_name="moe-patch")
+def main():
+    """Apply, verify and ship the moe-patch series for vLLM's FP8 fused-MoE path."""
+
+
+_series_option = click.option(
+    "--patches",
+    "series_root",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="MOE_PATCH_SERIES",
+    help="Series directory to use instead of the one shipped with moe-patch.",
+)
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@click.option(
+    "--vllm", "vllm", metavar="VERSION", help="Release: 0.21 (newest 0.21.x), 0.21.0 or v0.21.0."
+)
+@click.option(
+    "--into",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Work tree to create or update [default: ./vllm-VERSION].",
+)
+@click.option(
+    "--source",
+    type=click.Path(path_type=Path),
+    help="Start from this vLLM checkout or unpacked tree (copied unless --in-place).",
+)
+@click.option(
+    "--git",
+    "git_url",
+    metavar="URL",
+    help="Clone tag vVERSION from this remote (e.g. https://github.com/vllm-project/vllm.git).",
+)
+@click.option(
+    "--in-place", is_flag=True, help="Patch the clean --source checkout itself, on a new branch."
+)
+@click.option("--only", multiple=True, metavar="ID", help="Apply only this patch (repeatable).")
+@click.option(
+    "--index-url", metavar="URL", help="Package index to read releases from [default: pip's]."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report.")
+@_series_option
+def apply(vllm, into, source, git_url, in_place, only, index_url, as_json, series_root):
+    """Create or update a vLLM work tree with the series applied, one commit per patch.
+
+    The release comes from its source distribution on the package index (hash
+    checked, cached), from --source, or from --git.  Each patch is reported as
+    applied, already upstream, or failed (with file and hunk).  Running it again
+    gives the same commits and says so.
+    """
+    report = apply_command(
+        vllm, into, source, git_url, in_place, list(only) or None, index_url, series_root
+    )
+    click.echo(report.to_json() if as_json else render_apply(report))
+    if not report.ok:
+        failed = next(o for o in report.outcomes if o.status == "failed")
+        click.secho(
+            f"moe-patch: error: patch {failed.id} failed ({failed.detail}); the tree is at the "
+            f"last good commit on {report.branch}; refresh the patch for this release, "
+            "or leave it out with --only",
+            err=True,
+            fg="red",
+        )
+        sys.exit(EXIT_PATCH_FAILED)
+
+
+@main.command(name="list")
+@click.option(
+    "--vllm",
+    "vllm",
+    metavar="VERSION",
+    help="Only the series that serves this release (exact version).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_series_option
+def list_cmd(vllm, as_json, series_root):
+    """Show the series: base releases, patches in order, upstream status."""
+    rows = list_series(vllm, series_root)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = [
+        [f"v{r['base']}", str(r["position"]), r["id"], r["upstream_status"], r["subject"]]
+        for r in rows
+    ]
+    click.echo(render_table(["base", "#", "patch", "upstream", "subject"], table))

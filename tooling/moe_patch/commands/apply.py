@@ -1,0 +1,80 @@
+"""``moe-patch apply``: a vLLM work tree with the series applied."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from .. import applier, index, series, sources, trees, versions
+from ..errors import UsageError
+from ..pipconfig import index_settings
+from ..report import ApplyReport
+
+
+def resolve_version(
+    spec: str | None, index_url: str | None = None, offline_ok: bool = False
+) -> str:
+    """The release ``spec`` names; the index is asked only when it must be."""
+    if spec is None:
+        raise UsageError("say which release: --vllm VERSION (e.g. --vllm 0.21)")
+    if versions.is_exact(spec):
+        exact = str(versions.parse_spec(spec))
+        if offline_ok or trees.cached_repo(exact):
+            return exact
+    settings = index_settings(index_url)
+    releases = [d.version for d in index.distributions(settings)]
+    return versions.resolve(spec, releases, settings.url)
+
+
+def apply(
+    vllm: str | None,
+    into: Path | None = None,
+    source: Path | None = None,
+    git_url: str | None = None,
+    in_place: bool = False,
+    only: list[str] | None = None,
+    index_url: str | None = None,
+    series_root: Path | None = None,
+) -> ApplyReport:
+    if source and git_url:
+        raise UsageError("give either --source or --git, not both")
+    if in_place and not source:
+        raise UsageError("--in-place only applies to a --source checkout")
+    if in_place and into:
+        raise UsageError("--in-place patches --source itself; drop --into")
+
+    detected = None
+    if source:
+        source = source.expanduser().absolute()
+        sources.check_vllm_tree(source)
+        detected = sources.detect_version(source)
+        if vllm is None and detected is None:
+            raise UsageError(f"cannot tell which vLLM release {source} is; pass --vllm VERSION")
+    version = resolve_version(vllm or detected, index_url, offline_ok=bool(source or git_url))
+    if source:
+        sources.warn_version_mismatch(detected, version, source)
+    chosen = series.for_version(version, series_root)
+    chosen.select(only)  # reject unknown ids before touching anything
+
+    target = (
+        source if in_place else (into or Path.cwd() / f"vllm-{version}").expanduser().absolute()
+    )
+    work = _prepare(version, target, source, git_url, in_place, index_url)
+    try:
+        return applier.apply_series(work.path, work.base, version, chosen, only, index_url)
+    except BaseException:
+        if work.created and applier.read_state(work.path) == {}:
+            shutil.rmtree(work.path, ignore_errors=True)  # nothing of value was made yet
+        raise
+
+
+def _prepare(version, target: Path, source, git_url, in_place, index_url) -> sources.WorkTree:
+    if in_place:
+        return sources.from_local(source, None, True, version)
+    if (target / ".git").exists():
+        return sources.existing(target, version, applier.recorded_base(target, version))
+    if source:
+        return sources.from_local(source, target, False, version)
+    if git_url:
+        return sources.from_git_url(version, target, git_url)
+    return sources.from_cache(version, target, index_url)

@@ -1,0 +1,71 @@
+"""The product's error type and its exit codes.
+
+Every failure a user can cause is raised as a :class:`MoePatchError` carrying a
+one-line message that says what is wrong and what to do; the CLI prints it and
+exits with the error's code.  Exit codes are part of the interface (see
+``moe-patch --help``).
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_USAGE = 2  # bad input: unknown version, bad option, bad source tree
+EXIT_PATCH_FAILED = 3  # a patch did not apply; the tree is at the last good commit
+EXIT_NETWORK = 4  # the package index could not be read or a download failed
+EXIT_INTEGRITY = 5  # hash mismatch, corrupt or hostile archive or patch
+EXIT_BUSY = 6  # another moe-patch holds the lock on the cache entry or target
+EXIT_STATE = 7  # the target is not in a state we may touch (dirty, foreign commits)
+
+EXIT_CODES_HELP = """\
+Exit codes:
+  0  success (patches applied or already present)
+  2  bad input (unknown version, option, or source tree)
+  3  a patch failed to apply (the tree is left at the last good commit)
+  4  the package index or a download could not be reached
+  5  integrity error (hash mismatch, corrupt or hostile archive or patch)
+  6  busy: another moe-patch run holds the lock
+  7  the target tree is not in a state moe-patch may change (dirty, foreign commits)
+"""
+
+
+class MoePatchError(Exception):
+    """A failure with a one-line, user-facing message and an exit code."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+
+class UsageError(MoePatchError):
+    exit_code = EXIT_USAGE
+
+
+class PatchFailed(MoePatchError):
+    exit_code = EXIT_PATCH_FAILED
+
+
+class NetworkError(MoePatchError):
+    exit_code = EXIT_NETWORK
+
+
+class IntegrityError(MoePatchError):
+    exit_code = EXIT_INTEGRITY
+
+
+class BusyError(MoePatchError):
+    exit_code = EXIT_BUSY
+
+
+class StateError(MoePatchError):
+    exit_code = EXIT_STATE
+
+
+class PatchFormatError(IntegrityError):
+    """A patch file that cannot be parsed or that is unsafe to apply."""

@@ -1,0 +1,65 @@
+"""Thin helpers over GitPython for the few git operations moe-patch needs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import git
+
+from .errors import StateError, UsageError
+
+# A fixed identity and environment so that commits made by moe-patch are
+# reproducible byte for byte (same tree + same patch -> same commit id).
+_QUIET_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "LC_ALL": "C",
+}
+
+
+def run(cwd: Path | str, *args: str, env: dict[str, str] | None = None, **kwargs) -> str:
+    """``git ARGS`` in ``cwd``; raises :class:`git.GitCommandError` on failure."""
+    full_env = dict(os.environ)
+    full_env.update(_QUIET_ENV)
+    if env:
+        full_env.update(env)
+    return git.Git(str(cwd)).execute(["git", *args], env=full_env, **kwargs)
+
+
+def open_repo(path: Path) -> git.Repo:
+    try:
+        return git.Repo(path)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise UsageError(f"{path} is not a git repository") from None
+
+
+def is_dirty(repo: git.Repo) -> bool:
+    """Tracked files modified or staged (untracked files are the user's own business)."""
+    return repo.is_dirty(index=True, working_tree=True, untracked_files=False)
+
+
+def require_clean(repo: git.Repo, what: str) -> None:
+    if is_dirty(repo):
+        raise StateError(
+            f"{what} {repo.working_tree_dir} has uncommitted changes; "
+            "commit or stash them first (moe-patch changed nothing)"
+        )
+    git_dir = Path(repo.git_dir)
+    for marker in ("rebase-apply", "rebase-merge", "MERGE_HEAD", "CHERRY_PICK_HEAD"):
+        if (git_dir / marker).exists():
+            raise StateError(
+                f"{what} {repo.working_tree_dir} is in the middle of a git "
+                f"{marker.split('-')[0].split('_')[0].lower()}; finish or abort it first"
+            )
+
+
+def commit_env(name: str, email: str, date: str) -> dict[str, str]:
+    return {
+        "GIT_AUTHOR_NAME": name,
+        "GIT_AUTHOR_EMAIL": email,
+        "GIT_AUTHOR_DATE": date,
+        "GIT_COMMITTER_NAME": name,
+        "GIT_COMMITTER_EMAIL": email,
+        "GIT_COMMITTER_DATE": date,
+    }

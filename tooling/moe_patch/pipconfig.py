@@ -1,0 +1,81 @@
+"""Where the package index is: read from pip's own configuration, never hard-coded.
+
+Precedence: an explicit ``--index-url``, then ``PIP_INDEX_URL``, then pip's
+configuration files (``pip config``: ``install.index-url`` before
+``global.index-url``), then pip's own built-in default.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class IndexSettings:
+    url: str
+    cert: str | None = None  # CA bundle pip is configured with, if any
+
+
+def _pip_config() -> dict[str, str]:
+    """``pip config list`` as a dict (keys like ``global.index-url``); {} if pip is absent."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    values: dict[str, str] = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip().strip("'\"")
+    return values
+
+
+def _pip_default_index() -> str:
+    try:
+        from pip._internal.models.index import PyPI  # pip's built-in default index
+
+        return PyPI.simple_url
+    except ImportError:  # pragma: no cover - pip always ships with CPython's venv
+        from .errors import UsageError
+
+        raise UsageError(
+            "cannot tell which package index to use: pip is not installed; "
+            "pass --index-url or set PIP_INDEX_URL"
+        ) from None
+
+
+@functools.cache
+def _configured() -> tuple[str | None, str | None]:
+    config = _pip_config()
+    url = None
+    for key in (":env:.index-url", "install.index-url", "global.index-url"):
+        if config.get(key):
+            url = config[key]
+            break
+    cert = config.get(":env:.cert") or config.get("global.cert")
+    return url, cert
+
+
+def index_settings(index_url: str | None = None) -> IndexSettings:
+    """The index to read releases from, honouring the precedence above."""
+    env_url = os.environ.get("PIP_INDEX_URL")
+    if index_url:
+        url = index_url
+        cert = os.environ.get("PIP_CERT")
+    elif env_url:
+        url = env_url
+        cert = os.environ.get("PIP_CERT")
+    else:
+        url, cert = _configured()
+        url = url or _pip_default_index()
+    return IndexSettings(url=url.rstrip("/"), cert=cert or None)

@@ -1,0 +1,195 @@
+"""Getting a vLLM work tree to patch: from the cache, a local tree, or a git remote.
+
+Every path ends with a git work tree whose ``base`` commit is the unpatched
+release.  A new tree is built beside its final name and renamed into place, so
+an interrupted run never leaves a half-made tree under the name the user gave.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+from packaging.version import InvalidVersion, Version
+
+from . import gitutil, trees, ui
+from .errors import NetworkError, StateError, UsageError
+
+DEFAULT_REMOTE = "https://github.com/vllm-project/vllm.git"
+_VERSION_ASSIGN = re.compile(
+    r"""^(?:__version__|version)\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""",
+    re.MULTILINE,
+)
+
+
+@dataclass
+class WorkTree:
+    path: Path
+    base: str  # commit id of the unpatched tree
+    created: bool  # made by this run (removed again if the run fails early)
+
+
+def detect_version(tree: Path) -> str | None:
+    """The vLLM version a source tree says it is, if it says."""
+    candidates = []
+    version_file = tree / "vllm" / "_version.py"
+    if version_file.is_file():
+        match = _VERSION_ASSIGN.search(version_file.read_text(errors="replace"))
+        if match:
+            candidates.append(match.group(1))
+    pkg_info = tree / "PKG-INFO"
+    if pkg_info.is_file():
+        for line in pkg_info.read_text(errors="replace").splitlines():
+            if line.startswith("Version:"):
+                candidates.append(line.split(":", 1)[1].strip())
+    if (tree / ".git").exists():
+        try:
+            tag = gitutil.run(tree, "describe", "--tags", "--exact-match", "HEAD")
+            candidates.insert(0, tag)
+        except git.GitCommandError:
+            pass
+    for text in candidates:
+        try:
+            return str(Version(text.lstrip("v")))
+        except InvalidVersion:
+            continue
+    return None
+
+
+def check_vllm_tree(tree: Path) -> None:
+    if not tree.is_dir():
+        raise UsageError(f"--source {tree} does not exist or is not a directory")
+    if not (tree / "vllm" / "__init__.py").is_file():
+        raise UsageError(f"--source {tree} is not a vLLM source tree (no vllm/__init__.py)")
+
+
+def _fresh_target(into: Path) -> Path:
+    if into.exists() and any(into.iterdir()):
+        raise UsageError(
+            f"{into} exists and is not a tree made by moe-patch; choose another --into"
+        )
+    into.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=into.parent, prefix=f".tmp-{into.name}-"))
+
+
+def _move_into_place(tmp: Path, into: Path) -> None:
+    if into.exists():
+        into.rmdir()  # empty (checked by _fresh_target)
+    tmp.rename(into)
+
+
+def from_cache(version: str, into: Path, index_url: str | None) -> WorkTree:
+    repo = trees.release_repo(version, index_url)
+    tmp = _fresh_target(into)
+    try:
+        gitutil.run(tmp.parent, "clone", "-q", "--local", "--no-checkout", str(repo), str(tmp))
+        gitutil.run(tmp, "remote", "remove", "origin")
+        gitutil.run(tmp, "checkout", "-q", "--detach", trees.release_tag(version))
+        base = gitutil.run(tmp, "rev-parse", "HEAD")
+        _move_into_place(tmp, into)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return WorkTree(into, base, created=True)
+
+
+def from_git_url(version: str, into: Path, url: str) -> WorkTree:
+    tmp = _fresh_target(into)
+    tag = trees.release_tag(version)
+    try:
+        try:
+            gitutil.run(
+                tmp.parent,
+                "clone",
+                "-q",
+                "--depth",
+                "1",
+                "--branch",
+                tag,
+                "--single-branch",
+                url,
+                str(tmp),
+            )
+        except git.GitCommandError as exc:
+            raise NetworkError(
+                f"cannot clone tag {tag} from {url} ({_git_reason(exc)}); "
+                "check the URL and that the tag exists"
+            ) from None
+        gitutil.run(tmp, "checkout", "-q", "--detach", tag)
+        base = gitutil.run(tmp, "rev-parse", "HEAD")
+        _move_into_place(tmp, into)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return WorkTree(into, base, created=True)
+
+
+def from_local(source: Path, into: Path | None, in_place: bool, version: str) -> WorkTree:
+    """A copy of ``source`` (a git checkout or an unpacked tree), or ``source`` itself."""
+    check_vllm_tree(source)
+    is_repo = (source / ".git").exists()
+    if is_repo:
+        repo = gitutil.open_repo(source)
+        gitutil.require_clean(repo, "--source checkout")
+    if in_place:
+        if not is_repo:
+            raise UsageError(f"--in-place needs a git checkout, and {source} is not one")
+        return WorkTree(source, repo.head.commit.hexsha, created=False)
+    if into is None:
+        raise UsageError("--source needs --into DIR for the patched copy (or --in-place)")
+    tmp = _fresh_target(into)
+    try:
+        if is_repo:
+            gitutil.run(
+                tmp.parent, "clone", "-q", "--no-checkout", "--no-hardlinks", str(source), str(tmp)
+            )
+            gitutil.run(tmp, "checkout", "-q", "--detach", repo.head.commit.hexsha)
+            base = repo.head.commit.hexsha
+        else:
+            shutil.copytree(source, tmp, symlinks=True, dirs_exist_ok=True)
+            base = trees.commit_directory(tmp, tmp, version, "@315532800 +0000", bare=False)
+        _move_into_place(tmp, into)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return WorkTree(into, base, created=True)
+
+
+def existing(into: Path, version: str, recorded_base: str | None) -> WorkTree:
+    """A tree a previous ``apply`` made: reuse it if it is the same release and clean."""
+    repo = gitutil.open_repo(into)
+    gitutil.require_clean(repo, "target tree")
+    base = recorded_base
+    if base is None:
+        try:
+            base = gitutil.run(
+                into,
+                "rev-parse",
+                "-q",
+                "--verify",
+                f"refs/tags/{trees.release_tag(version)}^{{commit}}",
+            )
+        except git.GitCommandError:
+            raise StateError(
+                f"{into} is a git tree but not one moe-patch made for vLLM {version}; "
+                "choose another --into"
+            ) from None
+    return WorkTree(into, base, created=False)
+
+
+def _git_reason(exc: git.GitCommandError) -> str:
+    lines = [line.strip() for line in str(exc.stderr or "").splitlines() if line.strip()]
+    reason = lines[-1] if lines else f"git exited with {exc.status}"
+    return reason.removeprefix("stderr: ").strip("'")
+
+
+def warn_version_mismatch(detected: str | None, requested: str, source: Path) -> None:
+    if detected and Version(detected).public != requested:
+        if Version(detected).is_devrelease or Version(detected).local:
+            ui.warn(f"{source} says it is vLLM {detected}; patching it as {requested}")
+            return
+        raise UsageError(
+            f"--source {source} is vLLM {detected}, not {requested}; "
+            f"pass --vllm {detected} or another --source"
+        )

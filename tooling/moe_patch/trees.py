@@ -1,0 +1,143 @@
+"""Release trees in the cache: a release's sdist turned into a one-commit git repository.
+
+``release_repo("0.21.0")`` returns ``trees/v0.21.0.git``, a bare repository whose
+single commit holds the unpacked sdist and is tagged ``v0.21.0``.  Commits are
+made with a fixed identity and the archive's own timestamp, so the same sdist
+gives the same commit id on every machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tarfile
+import tempfile
+import zlib
+from pathlib import Path, PurePosixPath
+
+from . import cache, download, gitutil, index, ui
+from .errors import IntegrityError, UsageError
+from .pipconfig import index_settings
+
+IDENTITY = ("moe-patch", "moe-patch@localhost")
+
+
+def release_tag(version: str) -> str:
+    return f"v{version}"
+
+
+def cached_repo(version: str) -> Path | None:
+    path = cache.root() / "trees" / f"{release_tag(version)}.git"
+    return path if path.is_dir() else None
+
+
+def release_repo(version: str, index_url: str | None = None) -> Path:
+    """The cached bare repository of release ``version``, building it if needed."""
+    existing = cached_repo(version)
+    if existing:
+        return existing
+    trees = cache.subdir("trees")
+    name = f"{release_tag(version)}.git"
+    with cache.locked(f"vllm-{version}"):
+        final = trees / name
+        if final.is_dir():  # another run built it while we waited for the lock
+            return final
+        cache.remove_leftovers(trees, name)
+        settings = index_settings(index_url)
+        dist = index.cached_distribution(settings, version) or _lookup(settings, version)
+        sdist = download.fetch_sdist(dist, settings)
+        ui.info(f"unpacking {sdist.name} into the cache")
+        build_repo_from_archive(sdist, version, final)
+        sdist.unlink()  # the git repository now holds every byte of it
+    return final
+
+
+def _lookup(settings, version: str) -> index.Distribution:
+    for dist in index.distributions(settings):
+        if dist.version == version:
+            return dist
+    for dist in index.distributions(settings, refresh=True):
+        if dist.version == version:
+            return dist
+    raise UsageError(f"vLLM {version} has no source distribution on {settings.url}")
+
+
+def build_repo_from_archive(archive: Path, version: str, final: Path) -> None:
+    """Unpack ``archive`` safely and commit it as ``final`` (a bare repo), atomically."""
+    work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{final.name}-"))
+    try:
+        unpacked = work / "src"
+        date = _extract(archive, unpacked)
+        top = _single_top_dir(unpacked, archive)
+        repo_dir = work / "repo.git"
+        commit_directory(top, repo_dir, version, date, bare=True)
+        gitutil.run(repo_dir, "repack", "-a", "-d", "-q")
+        gitutil.run(repo_dir, "prune-packed")
+        repo_dir.rename(final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _extract(archive: Path, dest: Path) -> str:
+    """Extract with tarfile's ``data`` filter (no absolute paths, no ``..``, no links
+    out, no devices); return the archive's timestamp as a git date."""
+    dest.mkdir()
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            members = tar.getmembers()
+            for member in members:
+                parts = PurePosixPath(member.name).parts
+                if member.name.startswith(("/", "\\")) or ".." in parts:
+                    raise tarfile.FilterError(f"member {member.name!r} points outside the archive")
+            tar.extractall(dest, filter="data")
+    except tarfile.FilterError as exc:
+        raise IntegrityError(
+            f"{archive.name} holds an unsafe member ({exc}); nothing of it was kept in "
+            "the cache: the archive is not a genuine release"
+        ) from None
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        raise IntegrityError(
+            f"{archive.name} is not a readable archive ({type(exc).__name__}: {exc}); "
+            "delete it from the cache and retry"
+        ) from None
+    newest = max((m.mtime for m in members), default=0)
+    return f"@{int(newest) or 315532800} +0000"
+
+
+def _single_top_dir(unpacked: Path, archive: Path) -> Path:
+    entries = list(unpacked.iterdir())
+    if len(entries) != 1 or not entries[0].is_dir():
+        raise IntegrityError(
+            f"{archive.name} does not have the single top-level directory of an sdist"
+        )
+    return entries[0]
+
+
+def commit_directory(src: Path, git_dir: Path, version: str, date: str, bare: bool) -> str:
+    """Commit every file under ``src`` (ignore rules included: ``-f``) and tag it."""
+    args = ["init", "-q"] + (["--bare"] if bare else []) + [str(git_dir)]
+    gitutil.run(git_dir.parent, *args)
+    if bare:
+        env = {"GIT_DIR": str(git_dir), "GIT_WORK_TREE": str(src)}
+        cwd = src
+    else:
+        env, cwd = {}, git_dir
+    env.update(gitutil.commit_env(*IDENTITY, date))
+    gitutil.run(cwd, "add", "-A", "-f", ".", env=env)
+    gitutil.run(
+        cwd,
+        "commit",
+        "-q",
+        "--no-verify",
+        "--allow-empty",
+        "-m",
+        f"vLLM {version} (source distribution)",
+        env=env,
+    )
+    gitutil.run(cwd, "tag", release_tag(version), env=env)
+    return gitutil.run(cwd, "rev-parse", "HEAD", env=env)
+
+
+def discard_partial(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(path)
