@@ -4,28 +4,6 @@ under the user cache directory (or $MOE_PATCH_CACHE), so a second run is fast.""
 import pytest
 from moe_patch import sources, trees
 
-SUPPORTED = [
-    "0.20.0",
-    "0.20.1",
-    "0.20.2",
-    "0.21.0",
-    "0.22.0",
-    "0.22.1",
-    "0.23.0",
-    "0.24.0",
-    "0.25.0",
-    "0.25.1",
-    "0.26.0",
-    "0.27.0",
-    "0.27.1",
-    "0.28.0",
-    "0.29.0",
-    "0.30.0",
-    "0.31.0",
-    "0.32.0",
-    "0.33.0",
-]
-
 
 @pytest.fixture(scope="session")
 def release_repo():

@@ -5,9 +5,9 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from conftest import SUPPORTED
 from moe_patch import probes, series
 from moe_patch.cli import main
+from releases import SUPPORTED
 
 pytestmark = [pytest.mark.release, pytest.mark.network]
 

@@ -3,7 +3,8 @@
 import json
 
 from click.testing import CliRunner
-from conftest import (
+from moe_patch.cli import main
+from support import (
     JIT_PROBE,
     KERNEL_MODULE,
     PATCH_AUTHOR,
@@ -14,7 +15,6 @@ from conftest import (
     release_files,
     tree_digest,
 )
-from moe_patch.cli import main
 
 KERNEL_PATH = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 

@@ -3,15 +3,15 @@
 import tarfile
 
 import pytest
-from conftest import make_sdist, tree_digest
 from moe_patch import cache, trees
 from moe_patch.errors import IntegrityError, NetworkError
+from support import make_sdist, tree_digest
 
 
 def test_release_repo_is_a_tagged_single_commit(fake_index):
     fake_index.add("1.0.0")
     repo = trees.release_repo("1.0.0")
-    from conftest import git
+    from support import git
 
     assert git(repo, "rev-list", "--count", "v1.0.0") == "1"
     files = git(repo, "ls-tree", "-r", "--name-only", "v1.0.0").splitlines()
@@ -22,7 +22,7 @@ def test_release_repo_is_a_tagged_single_commit(fake_index):
 def test_same_archive_same_commit(fake_index, tmp_path, monkeypatch):
     fake_index.add("1.0.0")
     first = trees.release_repo("1.0.0")
-    from conftest import git
+    from support import git
 
     commit = git(first, "rev-parse", "v1.0.0")
     monkeypatch.setenv("MOE_PATCH_CACHE", str(tmp_path / "other-cache"))

@@ -1,0 +1,291 @@
+"""Test helpers: an isolated cache, a fake package index, synthetic releases and series."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+import textwrap
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from moe_patch import pipconfig
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """Every unit test gets its own empty cache."""
+    path = tmp_path / "cache"
+    monkeypatch.setenv("MOE_PATCH_CACHE", str(path))
+    return path
+
+
+# A made-up miniature "vLLM" source tree: just enough structure for moe-patch
+# (vllm/__init__.py and a fused-MoE module with a Triton kernel definition).
+KERNEL_MODULE = textwrap.dedent(
+    """\
+    import triton
+    import triton.language as tl
+
+
+    def helper():
+        return 1
+
+
+    @triton.jit
+    def fused_moe_kernel(
+        a_ptr,
+        EM,
+        num_valid_tokens,
+        BLOCK_SIZE_M: tl.constexpr,
+    ):
+        pid = tl.program_id(axis=0)
+        if pid * BLOCK_SIZE_M >= EM:
+            return
+    """
+)
+
+
+def release_files(version: str, kernel_module: str = KERNEL_MODULE) -> dict[str, str]:
+    return {
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n",
+        "vllm/__init__.py": "",
+        "vllm/_version.py": f"__version__ = version = '{version}'\n",
+        "vllm/model_executor/layers/fused_moe/fused_moe.py": kernel_module,
+        ".gitignore": "vllm/_version.py\n",
+    }
+
+
+def make_sdist(version: str, files: dict[str, str] | None = None, extra_members=()) -> bytes:
+    """A gzip'd tar laid out like an sdist: one top directory vllm-VERSION/."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, text in sorted((files or release_files(version)).items()):
+            data = text.encode()
+            info = tarfile.TarInfo(f"vllm-{version}/{name}")
+            info.size, info.mtime, info.mode = len(data), 1_700_000_000, 0o644
+            tar.addfile(info, io.BytesIO(data))
+        for info, data in extra_members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buffer.getvalue()
+
+
+@dataclass
+class FakeIndex:
+    """A PEP 691 simple index for the project ``vllm`` served on localhost."""
+
+    url: str = ""
+    archives: dict[str, bytes] = field(default_factory=dict)
+    listed_hash: dict[str, str] = field(default_factory=dict)  # filename -> hash to list
+    mode: str = "ok"  # ok | garbage | error | html | truncate
+    requests: list[str] = field(default_factory=list)
+
+    def add(self, version: str, archive: bytes | None = None) -> None:
+        self.archives[f"vllm-{version}.tar.gz"] = (
+            archive if archive is not None else make_sdist(version)
+        )
+
+    def listing(self) -> bytes:
+        files = []
+        for name, data in sorted(self.archives.items()):
+            digest = self.listed_hash.get(name, hashlib.sha256(data).hexdigest())
+            files.append(
+                {"filename": name, "url": f"../../files/{name}", "hashes": {"sha256": digest}}
+            )
+        return json.dumps({"meta": {"api-version": "1.1"}, "name": "vllm", "files": files}).encode()
+
+
+@pytest.fixture
+def fake_index(cache_dir, monkeypatch):
+    index = FakeIndex()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            index.requests.append(self.path)
+            if index.mode == "error":
+                self.send_error(503)
+                return
+            if self.path == "/simple/vllm/":
+                if index.mode == "garbage":
+                    body, kind = b"\x00 not a listing {", "application/vnd.pypi.simple.v1+json"
+                elif index.mode == "html":
+                    links = "".join(
+                        f'<a href="../../files/{n}#sha256={hashlib.sha256(d).hexdigest()}">{n}</a>'
+                        for n, d in index.archives.items()
+                    )
+                    body, kind = f"<html><body>{links}</body></html>".encode(), "text/html"
+                else:
+                    body, kind = index.listing(), "application/vnd.pypi.simple.v1+json"
+            elif self.path.startswith("/files/") and self.path[7:] in index.archives:
+                body, kind = index.archives[self.path[7:]], "application/gzip"
+                if index.mode == "truncate":
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    self.connection.close()
+                    return
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    index.url = f"http://127.0.0.1:{server.server_port}/simple"
+    monkeypatch.setenv("PIP_INDEX_URL", index.url)
+    monkeypatch.delenv("PIP_CERT", raising=False)
+    pipconfig._configured.cache_clear()
+    yield index
+    server.shutdown()
+    server.server_close()
+
+
+def git(cwd: Path, *args: str) -> str:
+    env = dict(
+        os.environ,
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@example.invalid",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@example.invalid",
+    )
+    return subprocess.run(
+        ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def tree_digest(path: Path) -> str:
+    """A hash of every file's path, mode and bytes under ``path`` (.git included)."""
+    digest = hashlib.sha256()
+    if not path.exists():
+        return "absent"
+    for item in sorted(path.rglob("*")):
+        rel = item.relative_to(path).as_posix()
+        if item.is_symlink():
+            digest.update(f"L {rel} {os.readlink(item)}\n".encode())
+        elif item.is_file():
+            digest.update(f"F {rel} {item.stat().st_mode:o}\n".encode())
+            digest.update(item.read_bytes())
+        else:
+            digest.update(f"D {rel}\n".encode())
+    return digest.hexdigest()
+
+
+PATCH_AUTHOR = "Test Author <author@example.invalid>"
+
+
+def author_series(
+    root: Path, base: str, patches: list[dict], files: dict[str, str] | None = None
+) -> Path:
+    """Write a series for ``base`` under ``root`` by committing edits on a synthetic
+    tree and exporting each commit with moe-patch's own exporter.
+
+    Each entry of ``patches``: ``id``, ``edit`` ({path: new text}), optional
+    ``trailers`` (list of lines) and ``subject``.
+    """
+    from moe_patch import export
+
+    work = root.parent / f"author-{base}-{len(list(root.parent.glob('author-*')))}"
+    for name, text in (files or release_files(base)).items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(text)
+    git(work, "init", "-q")
+    git(work, "add", "-A", "-f")
+    git(work, "commit", "-q", "-m", "base")
+    directory = root / f"v{base}"
+    directory.mkdir(parents=True, exist_ok=True)
+    names = []
+    for spec in patches:
+        for name, text in spec["edit"].items():
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            (work / name).write_text(text)
+        git(work, "add", "-A", "-f")
+        trailers = spec.get(
+            "trailers", ["Upstream-Status: Pending", f"Signed-off-by: {PATCH_AUTHOR}"]
+        )
+        message = (
+            f"{spec.get('subject', spec['id'])}\n\nWhy {spec['id']} exists.\n\n"
+            + "\n".join(trailers)
+            + "\n"
+        )
+        env_args = ["-c", "user.name=x", "-c", "user.email=x@example.invalid"]
+        subprocess.run(
+            [
+                "git",
+                *env_args,
+                "commit",
+                "-q",
+                "--author",
+                PATCH_AUTHOR,
+                "--date",
+                "2026-01-01T00:00:00+00:00",
+                "-F",
+                "-",
+            ],
+            cwd=work,
+            input=message,
+            text=True,
+            check=True,
+            capture_output=True,
+        )
+        name = f"{spec['id']}.patch"
+        (directory / name).write_bytes(export.format_commit(work, "HEAD"))
+        names.append(name)
+    (directory / "series").write_text("".join(f"{n}\n" for n in names))
+    return root
+
+
+def kernel_with_decorator(decorator: str, extra_line: str = "") -> str:
+    return KERNEL_MODULE.replace(
+        "@triton.jit\ndef fused_moe_kernel", f"{extra_line}{decorator}\ndef fused_moe_kernel"
+    )
+
+
+JIT_EDIT = {
+    "vllm/model_executor/layers/fused_moe/fused_moe.py": kernel_with_decorator(
+        '@triton.jit(do_not_specialize=["EM", "num_valid_tokens"])'
+    )
+}
+JIT_PROBE = (
+    "Upstream-Probe: triton-no-specialize vllm/model_executor/layers/fused_moe/fused_moe.py "
+    "fused_moe_kernel EM num_valid_tokens"
+)
+
+
+@pytest.fixture
+def series_root(tmp_path, monkeypatch):
+    """A synthetic two-patch series for base 1.0.0, selected through MOE_PATCH_SERIES."""
+    root = tmp_path / "patches"
+    author_series(
+        root,
+        "1.0.0",
+        [
+            {
+                "id": "jit",
+                "edit": JIT_EDIT,
+                "trailers": [
+                    "Upstream-Status: Pending",
+                    JIT_PROBE,
+                    f"Signed-off-by: {PATCH_AUTHOR}",
+                ],
+            },
+            {"id": "extra", "edit": {"vllm/extra.py": "FEATURE = True\n"}},
+        ],
+    )
+    monkeypatch.setenv("MOE_PATCH_SERIES", str(root))
+    return root
