@@ -12,6 +12,9 @@ from . import __version__
 from .commands.apply import apply as apply_command
 from .commands.list import list_series
 from .errors import EXIT_CODES_HELP, EXIT_PATCH_FAILED, MoePatchError
+from .maintainer_cli import register as _register_maintainer_commands
+from .packaging_cli import installed_flag, target_option
+from .packaging_cli import register as _register_packaging_commands
 from .report import render_apply, render_table
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -74,15 +77,25 @@ _series_option = click.option(
     "--index-url", metavar="URL", help="Package index to read releases from [default: pip's]."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report.")
+@installed_flag
+@target_option
 @_series_option
-def apply(vllm, into, source, git_url, in_place, only, index_url, as_json, series_root):
+def apply(
+    vllm, into, source, git_url, in_place, only, index_url, as_json, installed_, target, series_root
+):
     """Create or update a vLLM work tree with the series applied, one commit per patch.
 
     The release comes from its source distribution on the package index (hash
     checked, cached), from --source, or from --git.  Each patch is reported as
     applied, already upstream, or failed (with file and hunk).  Running it again
-    gives the same commits and says so.
+    gives the same commits and says so.  With --installed it patches the vLLM
+    installed in this environment in place instead (see status / revert).
     """
+    if installed_ or target:
+        _apply_installed(
+            vllm, into, source, git_url, in_place, only, index_url, as_json, target, series_root
+        )
+        return
     report = apply_command(
         vllm, into, source, git_url, in_place, list(only) or None, index_url, series_root
     )
@@ -97,6 +110,19 @@ def apply(vllm, into, source, git_url, in_place, only, index_url, as_json, serie
             fg="red",
         )
         sys.exit(EXIT_PATCH_FAILED)
+
+
+def _apply_installed(
+    vllm, into, source, git_url, in_place, only, index_url, as_json, target, series_root
+):
+    from . import installed
+    from .errors import UsageError
+    from .packaging_cli import render_installed
+
+    if into or source or git_url or in_place:
+        raise UsageError("--installed patches the installed vLLM; drop --into/--source/--git")
+    report = installed.apply(target, vllm, index_url, series_root, list(only) or None)
+    click.echo(report.to_json() if as_json else render_installed(report))
 
 
 @main.command(name="list")
@@ -119,3 +145,7 @@ def list_cmd(vllm, as_json, series_root):
         for r in rows
     ]
     click.echo(render_table(["base", "#", "patch", "upstream", "subject"], table))
+
+
+_register_maintainer_commands(main, _series_option)
+_register_packaging_commands(main, _series_option)

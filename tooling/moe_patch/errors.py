@@ -15,8 +15,13 @@ EXIT_NETWORK = 4  # the package index could not be read or a download failed
 EXIT_INTEGRITY = 5  # hash mismatch, corrupt or hostile archive or patch
 EXIT_BUSY = 6  # another moe-patch holds the lock on the cache entry or target
 EXIT_STATE = 7  # the target is not in a state we may touch (dirty, foreign commits)
+EXIT_VERIFY_FAILED = 8  # verify: at least one check failed (the report names it)
+EXIT_CONFLICT = 9  # rebase stopped at a conflict: resolve, then --continue / --skip / --abort
+EXIT_EXPORT_STALE = 10  # export --check: the patch files differ from the commits
 
+# The "\b" line makes click print the table as written instead of re-wrapping it.
 EXIT_CODES_HELP = """\
+\b
 Exit codes:
   0  success (patches applied or already present)
   2  bad input (unknown version, option, or source tree)
@@ -25,6 +30,9 @@ Exit codes:
   5  integrity error (hash mismatch, corrupt or hostile archive or patch)
   6  busy: another moe-patch run holds the lock
   7  the target tree is not in a state moe-patch may change (dirty, foreign commits)
+  8  verify: a check failed (the report names it)
+  9  rebase stopped at a conflict (resolve, then rebase --continue, --skip or --abort)
+ 10  export --check: the series files are not what the commits export to
 """
 
 
@@ -65,6 +73,10 @@ class BusyError(MoePatchError):
 
 class StateError(MoePatchError):
     exit_code = EXIT_STATE
+
+
+class RebaseStopped(MoePatchError):
+    exit_code = EXIT_CONFLICT
 
 
 class PatchFormatError(IntegrityError):

@@ -16,7 +16,12 @@ from pathlib import Path
 from urllib.parse import urldefrag, urljoin
 
 import requests
-from packaging.utils import InvalidSdistFilename, parse_sdist_filename
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 from packaging.version import Version
 
 from . import cache, ui
@@ -69,8 +74,27 @@ def _sdist(filename: str, url: str, sha256: str | None, size=None) -> Distributi
     return Distribution(str(version), filename, url, sha256, size)
 
 
+def _wheel(filename: str, url: str, sha256: str | None, size=None) -> Distribution | None:
+    try:
+        name, version, _build, _tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
+        return None
+    if name != PROJECT or version.is_prerelease or version.is_devrelease or version.local:
+        return None
+    return Distribution(str(version), filename, url, sha256, size)
+
+
 def parse_listing(body: bytes, content_type: str, base_url: str) -> list[Distribution]:
     """The non-yanked, final-release sdists in an index page (JSON or HTML)."""
+    return _parse(body, content_type, base_url, _sdist)
+
+
+def parse_wheel_listing(body: bytes, content_type: str, base_url: str) -> list[Distribution]:
+    """The non-yanked, final-release wheels in an index page (JSON or HTML)."""
+    return _parse(body, content_type, base_url, _wheel)
+
+
+def _parse(body: bytes, content_type: str, base_url: str, keep) -> list[Distribution]:
     dists: list[Distribution] = []
     if "json" in content_type:
         try:
@@ -84,7 +108,7 @@ def parse_listing(body: bytes, content_type: str, base_url: str) -> list[Distrib
         for entry in files:
             if not isinstance(entry, dict) or entry.get("yanked"):
                 continue
-            dist = _sdist(
+            dist = keep(
                 str(entry.get("filename", "")),
                 urljoin(base_url, str(entry.get("url", ""))),
                 (entry.get("hashes") or {}).get("sha256"),
@@ -106,7 +130,7 @@ def parse_listing(body: bytes, content_type: str, base_url: str) -> list[Distrib
                 continue
             url, fragment = urldefrag(urljoin(base_url, href))
             sha256 = fragment[len("sha256=") :] if fragment.startswith("sha256=") else None
-            dist = _sdist(text or url.rsplit("/", 1)[-1], url, sha256)
+            dist = keep(text or url.rsplit("/", 1)[-1], url, sha256)
             if dist:
                 dists.append(dist)
     return dists
@@ -117,7 +141,8 @@ def _listing_path(settings: IndexSettings) -> Path:
     return cache.root() / "index" / f"{PROJECT}-{key}.json"
 
 
-def _fetch(settings: IndexSettings) -> list[Distribution]:
+def _fetch(settings: IndexSettings) -> tuple[list[Distribution], list[Distribution]]:
+    """The sdists and the wheels the index lists for the project."""
     page = f"{settings.url}/{PROJECT}/"
     try:
         response = requests.get(
@@ -136,9 +161,8 @@ def _fetch(settings: IndexSettings) -> list[Distribution]:
             f"the package index {settings.url} answered HTTP {response.status_code} for "
             f"{PROJECT}; check --index-url / PIP_INDEX_URL"
         )
-    return parse_listing(
-        response.content, response.headers.get("Content-Type", ""), response.url or page
-    )
+    args = (response.content, response.headers.get("Content-Type", ""), response.url or page)
+    return parse_listing(*args), parse_wheel_listing(*args)
 
 
 def distributions(settings: IndexSettings, refresh: bool = False) -> list[Distribution]:
@@ -148,21 +172,45 @@ def distributions(settings: IndexSettings, refresh: bool = False) -> list[Distri
     if cached is not None and not refresh and time.time() - cached[0] < LISTING_TTL:
         return cached[1]
     try:
-        dists = _fetch(settings)
+        dists, wheel_dists = _fetch(settings)
     except NetworkError as exc:
         if cached is None:
             raise
         ui.warn(f"{exc.message}; using the release list cached {_age(cached[0])} ago")
         return cached[1]
     dists.sort(key=lambda d: Version(d.version))
+    wheel_dists.sort(key=lambda d: (Version(d.version), d.filename))
     cache.write_atomic(
         path,
         json.dumps(
-            {"fetched": time.time(), "index": settings.url, "files": [asdict(d) for d in dists]},
+            {
+                "fetched": time.time(),
+                "index": settings.url,
+                "files": [asdict(d) for d in dists],
+                "wheels": [asdict(d) for d in wheel_dists],
+            },
             indent=1,
         ).encode(),
     )
     return dists
+
+
+def wheels(settings: IndexSettings, version: str, refresh: bool = False) -> list[Distribution]:
+    """The wheels the index lists for release ``version`` (any platform)."""
+    cached = _read_wheels(_listing_path(settings))
+    if refresh or cached is None or not any(w.version == version for w in cached):
+        distributions(settings, refresh=True)
+        cached = _read_wheels(_listing_path(settings)) or []
+    return [w for w in cached if w.version == version]
+
+
+def _read_wheels(path: Path) -> list[Distribution] | None:
+    """The wheels of a cached listing; None if there is none, or it predates wheel lists."""
+    try:
+        data = json.loads(path.read_text())
+        return [Distribution(**f) for f in data["wheels"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _read_listing(path: Path) -> tuple[float, list[Distribution]] | None:

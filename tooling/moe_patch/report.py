@@ -50,8 +50,16 @@ class ApplyReport:
 
 
 def render_table(
-    headers: list[str], rows: list[list[str]], colour_column: int | None = None
+    headers: list[str],
+    rows: list[list[str]],
+    colour_column: int | None = None,
+    *,
+    colour_columns: set[int] | None = None,
+    colours: dict[str, str] | None = None,
 ) -> str:
+    """A plain aligned table; cells of the coloured columns are styled by value."""
+    coloured = set(colour_columns or ()) | ({colour_column} if colour_column is not None else set())
+    palette = _COLOURS if colours is None else colours
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
@@ -59,8 +67,8 @@ def render_table(
         cells = []
         for i, (cell, width) in enumerate(zip(row, widths, strict=True)):
             text = cell.ljust(width)
-            if i == colour_column and cell in _COLOURS:
-                text = click.style(text, fg=_COLOURS[cell])
+            if i in coloured and cell in palette:
+                text = click.style(text, fg=palette[cell])
             cells.append(text)
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)

@@ -1,0 +1,99 @@
+"""vLLM's own launch-config selection, run from a source tree without importing vLLM.
+
+``config_for(tree, ...)`` answers "which config would this vLLM release launch
+fused_moe_kernel with?": the tuned JSON file the tree ships for the device (the
+entry nearest to M), else the tree's ``get_default_config``.  The tree's own
+``get_config_file_name``, ``get_moe_configs`` and ``get_default_config`` are cut
+out of ``fused_moe.py`` with :mod:`ast` and executed against small stand-ins for
+``vllm.envs``, ``current_platform`` and the logger (defaults: no batch-invariant
+mode, no user config folder, CUDA, this process's GPU name).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from .loader import FUSED_MOE_REL
+
+_SELECTION_FUNCTIONS = ("get_config_file_name", "get_moe_configs", "get_default_config")
+
+
+class _QuietLogger:
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "NVIDIA H200"
+
+
+@functools.cache
+def _selection(tree: str, gpu_name: str, config_folder: str | None) -> dict[str, Any]:
+    path = Path(tree) / FUSED_MOE_REL
+    source = path.read_text()
+    module = ast.parse(source)
+    found = {
+        node.name: node
+        for node in module.body
+        if isinstance(node, ast.FunctionDef) and node.name in _SELECTION_FUNCTIONS
+    }
+    missing = [name for name in _SELECTION_FUNCTIONS if name not in found]
+    if missing:
+        raise LookupError(f"{path} has no {', '.join(missing)}")
+    # Decorators (lru_cache) are dropped: ast.get_source_segment starts at "def".
+    code = "\n\n".join(ast.get_source_segment(source, found[n]) for n in _SELECTION_FUNCTIONS)
+    file_name = gpu_name.replace(" ", "_")
+    namespace: dict[str, Any] = {
+        "__file__": str(path),
+        "os": os,
+        "json": json,
+        "functools": functools,
+        "Any": Any,
+        "envs": SimpleNamespace(VLLM_BATCH_INVARIANT=False, VLLM_TUNED_CONFIG_FOLDER=config_folder),
+        "current_platform": SimpleNamespace(
+            is_rocm=lambda: False,
+            is_cuda=lambda: True,
+            get_device_name=lambda *a: gpu_name,
+        ),
+        "get_device_name_as_file_name": lambda *a: file_name,
+        "logger": _QuietLogger(),
+    }
+    exec(compile(code, str(path), "exec"), namespace)
+    return namespace
+
+
+def config_for(
+    tree: str | Path,
+    M: int,
+    E: int,
+    intermediate: int,
+    hidden: int,
+    topk: int,
+    dtype: str | None = "fp8_w8a8",
+    block_shape: list[int] | None = None,
+    *,
+    gpu_name: str | None = None,
+    config_folder: str | None = None,
+) -> tuple[dict[str, Any], str]:
+    """The config vLLM's ``try_get_optimal_moe_config`` picks, and where it came from.
+
+    ``intermediate`` is the down projection's input size (vLLM's ``N`` in config
+    file names), ``hidden`` the model's hidden size (the first GEMM's K).
+    """
+    ns = _selection(str(tree), gpu_name or device_name(), config_folder)
+    block_n, block_k = (block_shape or (0, 0))[:2]
+    configs = ns["get_moe_configs"](E, intermediate, dtype, block_n, block_k)
+    if configs:
+        nearest = min(configs, key=lambda m: abs(m - M))
+        name = ns["get_config_file_name"](E, intermediate, dtype, block_shape)
+        return dict(configs[nearest]), f"tuned:{name}[{nearest}]"
+    config = ns["get_default_config"](M, E, intermediate, hidden, topk, dtype, block_shape)
+    return dict(config), "default"

@@ -1,0 +1,119 @@
+"""Fixtures for the kernel harness tests.
+
+* Without CUDA, Triton's CPU interpreter is switched on here (TRITON_INTERPRET=1),
+  before any test module imports triton.
+* ``vllm_tree``: one vLLM source tree per parameter.  Trees come from
+  ``MOE_KERNELS_TREES`` (paths separated by ``os.pathsep``) or the defaults
+  below; a missing tree is skipped.  This is the one place that decides which
+  trees the kernel tests run on.
+* Random data: every test draws from its own generator, seeded from the
+  session seed (``MOE_KERNELS_SEED``, else random per run, shown in the header)
+  and the test's id, so each run uses fresh data and a failure can be replayed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+try:  # the package is mapped by the project's pyproject; fall back to the source folder
+    import moe_kernels  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels"))
+
+import pytest  # noqa: E402
+
+# Releases the kernel tests run on by default, each unpatched and with the
+# series applied ("+moe"); moe-patch itself downloads (and caches) them.
+DEFAULT_RELEASES = ("0.21.0", "0.33.0")
+SESSION_SEED = int(os.environ.get("MOE_KERNELS_SEED") or random.SystemRandom().randrange(2**31))
+
+
+def tree_paths() -> list[str]:
+    """Tree paths from MOE_KERNELS_TREES, else release labels built on demand."""
+    env = os.environ.get("MOE_KERNELS_TREES")
+    if env:
+        return [p for p in env.split(os.pathsep) if p]
+    return [f"{v}{suffix}" for v in DEFAULT_RELEASES for suffix in ("", "+moe")]
+
+
+@pytest.fixture(scope="session")
+def release_trees(tmp_path_factory):
+    """Build a release tree (label ``X.Y.Z`` or ``X.Y.Z+moe``) through moe-patch's
+    own download path and cache, once per session."""
+    built: dict[str, Path] = {}
+
+    def build(label: str) -> Path:
+        if label not in built:
+            try:
+                from moe_patch import series, sources
+                from moe_patch.applier import apply_series
+            except ImportError:
+                pytest.skip("moe_patch is not installed: set MOE_KERNELS_TREES to tree paths")
+            version, _, patched = label.partition("+")
+            work = sources.from_cache(version, tmp_path_factory.mktemp("trees") / label, None)
+            if patched:
+                report = apply_series(work.path, work.base, version, series.for_version(version))
+                assert report.ok, report.to_json()
+            built[label] = work.path
+        return built[label]
+
+    return build
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+
+
+def pytest_report_header(config):
+    mode = "triton interpreter (CPU)" if os.environ.get("TRITON_INTERPRET") == "1" else "CUDA"
+    return [
+        f"moe_kernels: trees={tree_paths()} mode={mode} "
+        f"MOE_KERNELS_SEED={SESSION_SEED} (set it to replay this run's data)"
+    ]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(params=tree_paths(), ids=lambda p: Path(p).name)
+def vllm_tree(request, release_trees) -> Path:
+    label = request.param
+    path = Path(label) if os.sep in label else release_trees(label)
+    if not (path / "vllm/model_executor/layers/fused_moe/fused_moe.py").is_file():
+        pytest.skip(f"vLLM tree not found: {path}")
+    return path
+
+
+@pytest.fixture
+def kernel(vllm_tree):
+    from moe_kernels import load_fused_moe_kernel
+
+    return load_fused_moe_kernel(vllm_tree)
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture
+def gen(request, device) -> torch.Generator:
+    digest = hashlib.sha256(f"{SESSION_SEED}:{request.node.nodeid}".encode()).digest()
+    g = torch.Generator(device=device)
+    g.manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+    return g

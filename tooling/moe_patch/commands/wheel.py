@@ -1,0 +1,80 @@
+"""``moe-patch wheel``: the official wheel of a release with the series carried onto it."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from .. import cache, release_diff, series
+from .. import wheel as wheels
+from ..errors import PatchFailed, UsageError
+from .apply import apply as apply_tree
+from .apply import resolve_version
+
+METHODS = ("repack", "precompiled")
+
+
+def wheel(
+    vllm: str | None,
+    out_dir: Path,
+    platform: str | None = None,
+    index_url: str | None = None,
+    series_root: Path | None = None,
+    method: str = "repack",
+    build_isolation: bool = True,
+) -> wheels.WheelResult:
+    started = time.monotonic()
+    if method not in METHODS:
+        raise UsageError(f"--method is one of {', '.join(METHODS)}, not {method!r}")
+    if not build_isolation and method != "precompiled":
+        raise UsageError("--no-build-isolation only applies to --method precompiled")
+    version = resolve_version(vllm, index_url)
+    series.for_version(version, series_root)  # no series: say so before any download
+    out_dir = out_dir.expanduser().absolute()
+    official, dist = wheels.official_wheel(version, platform, index_url)
+    rdiff = release_diff.build(version, index_url, series_root)
+    if method == "repack":
+        result = wheels.build(official, dist, rdiff, out_dir)
+    else:
+        result = _precompiled(
+            version, official, dist, rdiff, out_dir, index_url, series_root, build_isolation
+        )
+    result.seconds = round(time.monotonic() - started, 1)
+    return result
+
+
+def _precompiled(version, official, dist, rdiff, out_dir, index_url, series_root, isolation):
+    with zipfile.ZipFile(official) as archive:
+        shipped = {n for n in archive.namelist() if ".dist-info/" not in n and not n.endswith("/")}
+    what = f"the vLLM {version} wheel"
+    layout = release_diff.plan(rdiff, shipped, what)  # refuses compiled sources the same way
+    new_version = wheels.patched_version(version)
+    scratch = Path(tempfile.mkdtemp(prefix="moe-patch-precompiled-"))
+    try:
+        report = apply_tree(
+            version, scratch / f"vllm-{version}", index_url=index_url, series_root=series_root
+        )
+        if not report.ok:  # pragma: no cover - release_diff.build already applied it
+            raise PatchFailed(f"the series does not apply to vLLM {version}")
+        path = wheels.build_precompiled(
+            Path(report.tree), official, new_version, out_dir, build_isolation=isolation
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return wheels.WheelResult(
+        vllm=version,
+        version=new_version,
+        path=str(path),
+        sha256=cache.sha256_file(path),
+        size=path.stat().st_size,
+        source=official.name,
+        source_sha256=dist.sha256 or "",
+        series_base=rdiff.series_base,
+        method="precompiled",
+        patches=wheels._outcomes(rdiff),
+        files=[{"path": c.path, "change": c.kind, "patches": c.patches} for c in layout.carried],
+        skipped=[{"path": c.path, "patches": c.patches} for c in layout.skipped],
+    )
