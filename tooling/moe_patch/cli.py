@@ -11,10 +11,11 @@ import click
 from . import __version__
 from .commands.apply import apply as apply_command
 from .commands.list import list_series
-from .errors import EXIT_CODES_HELP, EXIT_PATCH_FAILED, MoePatchError
+from .errors import EXIT_CODES_HELP, EXIT_PATCH_FAILED, EXIT_STATE, MoePatchError
 from .maintainer_cli import register as _register_maintainer_commands
 from .packaging_cli import installed_flag, target_option
 from .packaging_cli import register as _register_packaging_commands
+from .pr_cli import register as _register_pr_command
 from .report import render_apply, render_table
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -29,6 +30,15 @@ class _Group(click.Group):
         except MoePatchError as exc:
             click.secho(f"moe-patch: error: {exc.message}", err=True, fg="red")
             sys.exit(exc.exit_code)
+        except OSError as exc:  # disk full, read-only or unwritable: one line, not a traceback
+            where = f" ({exc.filename})" if exc.filename else ""
+            click.secho(
+                f"moe-patch: error: {exc.strerror or exc}{where}; what this run wrote was "
+                "rolled back: free space or fix permissions, then run the same command again",
+                err=True,
+                fg="red",
+            )
+            sys.exit(EXIT_STATE)
         except KeyboardInterrupt:
             click.secho("moe-patch: interrupted; run the same command again to finish", err=True)
             sys.exit(130)
@@ -149,3 +159,4 @@ def list_cmd(vllm, as_json, series_root):
 
 _register_maintainer_commands(main, _series_option)
 _register_packaging_commands(main, _series_option)
+_register_pr_command(main, _series_option)

@@ -1,0 +1,121 @@
+"""``moe-patch pr`` on a real release tree (0.33.0): branches ready for vLLM."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from moe_patch import pr, verify
+
+pytestmark = [pytest.mark.release, pytest.mark.network]
+
+
+def git(cwd, *args, env=None):
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env
+    ).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    from moe_patch import sources
+
+    root = tmp_path_factory.mktemp("pr")
+    work = sources.from_cache("0.33.0", root / "vllm", None).path
+    git(work, "config", "user.name", "Jane Dev")
+    git(work, "config", "user.email", "jane@example.invalid")
+    git(work, "checkout", "-q", "-b", "my-work")
+    before = (git(work, "rev-parse", "HEAD"), git(work, "status", "--porcelain"))
+    report = pr.prepare(work, "0.33.0", root / "prs")
+    return work, report, before, root / "prs"
+
+
+def test_branches_only_for_patches_upstream_lacks(made):
+    work, report, before, _ = made
+    status = {o.id: o.status for o in report.outcomes}
+    assert status == {
+        "jit-annotations": pr.BRANCH,
+        "swap-ab": pr.SKIPPED_INAPPROPRIATE,
+        "backend-selector": pr.BRANCH,
+    }
+    assert (git(work, "rev-parse", "HEAD"), git(work, "status", "--porcelain")) == before
+    assert git(work, "symbolic-ref", "--short", "HEAD") == "my-work"
+    assert git(work, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+def test_commits_are_signed_off_titled_and_lint_clean(made):
+    work, report, _, _ = made
+    tag = git(work, "rev-parse", "v0.33.0")
+    ruff = verify.ruff_binary()
+    config = ["--config", str(work / "pyproject.toml")]
+    for outcome in report.outcomes:
+        if not outcome.branch:
+            continue
+        assert git(work, "rev-parse", f"{outcome.branch}^") == tag
+        message = git(work, "log", "-1", "--format=%B", outcome.branch)
+        title = message.splitlines()[0]
+        assert title.split("] ", 1)[0] in ("[Perf", "[Kernel")
+        assert message.rstrip().endswith("Signed-off-by: Jane Dev <jane@example.invalid>")
+        assert all(": pass " in line for line in outcome.lint), outcome.lint
+        assert outcome.tests and all(t.startswith("tests/kernels/moe/test_") for t in outcome.tests)
+        for path in outcome.tests:
+            text = git(work, "show", f"{outcome.branch}:{path}") + "\n"
+            assert text.startswith(pr.SPDX_LINES)
+            for args in (["check", "--no-cache"], ["format", "--check", "--no-cache"]):
+                proc = subprocess.run(
+                    [ruff, *args, *config, "--stdin-filename", path, "-"],
+                    cwd=work,
+                    input=text,
+                    capture_output=True,
+                    text=True,
+                )
+                assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_pr_bodies_follow_the_template_with_the_measured_numbers(made):
+    _, report, _, out = made
+    results = json.loads((pr.results_dir() / "h200-jit-sweep.json").read_text())
+    body = (out / "jit-annotations.md").read_text()
+    for section in ("## Purpose", "## Test Plan", "## Test Result"):
+        assert body.count(section) == 1
+    assert results["environment"]["gpu"] in body and results["command"] in body
+    assert results["environment"]["torch"] in body and results["environment"]["triton"] in body
+    for label in ("0.21.0", "0.33.0"):
+        b, a = results["results"][label]["sweep"], results["results"][f"{label}+moe"]["sweep"]
+        assert (
+            f"| {label} | sweep | {b['variants']} → {a['variants']} | {b['stalls']} → "
+            f"{a['stalls']} | {b['stall_seconds']:.2f} → {a['stall_seconds']:.2f} |"
+        ) in body
+    backend = (out / "backend-selector.md").read_text()
+    assert "No head-to-head benchmark" in backend and "## Test Result" in backend
+
+
+def test_no_git_identity_is_refused_and_changes_nothing(made, tmp_path):
+    work, *_ = made
+    home = tmp_path / "home"
+    home.mkdir()
+    plain = dict(os.environ, HOME=str(home), GIT_CONFIG_NOSYSTEM="1", XDG_CONFIG_HOME=str(home))
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", "--shared", str(work), str(clone), env=plain)
+    refs = git(clone, "for-each-ref", env=plain)
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "moe-patch"),
+            "pr",
+            "--source",
+            str(clone),
+            "--onto",
+            "v0.33.0",
+        ],
+        cwd=tmp_path,
+        env=plain,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("moe-patch: error: no git identity")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert git(clone, "for-each-ref", env=plain) == refs
+    assert not (clone / ".git" / "moe-patch-pr").exists()

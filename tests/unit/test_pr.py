@@ -1,0 +1,263 @@
+"""``moe-patch pr``: upstream-ready branches, on a synthetic vLLM clone (fast)."""
+
+import json
+import os
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+from moe_patch import pr
+from moe_patch.cli import main
+from moe_patch.errors import StateError, UsageError
+from support import (
+    JIT_EDIT,
+    JIT_PROBE,
+    PATCH_AUTHOR,
+    author_series,
+    git,
+    release_files,
+    tree_digest,
+)
+
+RESULTS = {
+    "command": "python -m moe_kernels.jit_sweep --tree 1.0.0=a --tree 1.0.0+moe=b",
+    "environment": {"gpu": "Test GPU 9000", "torch": "9.9.9", "triton": "8.8.8", "cuda": "7.7"},
+    "shape": "tiny",
+    "quant": "tensor",
+    "sweep_token_counts": [1, 2, 3],
+    "trace": {"steps": 11, "seed": 5},
+    "results": {
+        "1.0.0": {
+            "sweep": {"variants": 41, "stalls": 23, "stall_seconds": 17.125},
+            "trace": {"variants": 43, "stalls": 29, "stall_seconds": 19.5},
+        },
+        "1.0.0+moe": {
+            "sweep": {"variants": 13, "stalls": 5, "stall_seconds": 3.25},
+            "trace": {"variants": 17, "stalls": 7, "stall_seconds": 4.75},
+        },
+    },
+}
+
+
+@pytest.fixture
+def pr_series(tmp_path, monkeypatch):
+    root = tmp_path / "patches"
+    author_series(
+        root,
+        "1.0.0",
+        [
+            {
+                "id": "jit-annotations",
+                "subject": "fused_moe: do not specialise on token counts",
+                "edit": JIT_EDIT,
+                "trailers": [
+                    "Upstream-Status: Pending",
+                    JIT_PROBE,
+                    f"Signed-off-by: {PATCH_AUTHOR}",
+                ],
+            },
+            {
+                "id": "backport",
+                "edit": {"vllm/backport.py": "X = 1\n"},
+                "trailers": [
+                    "Upstream-Status: Inappropriate [backport]",
+                    f"Signed-off-by: {PATCH_AUTHOR}",
+                ],
+            },
+            {
+                "id": "feature",
+                "subject": "feature: add it",
+                "edit": {"vllm/extra.py": "FEATURE = True\n"},
+            },
+            {
+                "id": "on-feature",
+                "edit": {"vllm/extra.py": "FEATURE = True\nMORE = False\n"},
+                "trailers": [
+                    "Upstream-Status: Pending",
+                    "Upstream-Title: [Bugfix] Add MORE",
+                    f"Signed-off-by: {PATCH_AUTHOR}",
+                ],
+            },
+        ],
+    )
+    monkeypatch.setenv("MOE_PATCH_SERIES", str(root))
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "h200-jit-sweep.json").write_text(json.dumps(RESULTS))
+    monkeypatch.setenv("MOE_PATCH_RESULTS", str(results))
+    return root
+
+
+@pytest.fixture
+def clone(tmp_path):
+    """The user's vLLM clone: tag v1.0.0, on their own branch, with an untracked file."""
+    work = tmp_path / "vllm"
+    for name, text in release_files("1.0.0").items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(text)
+    git(work, "init", "-q", "-b", "main")
+    git(work, "add", "-A", "-f")
+    git(work, "commit", "-q", "-m", "base")
+    git(work, "tag", "v1.0.0")
+    git(work, "config", "user.name", "Jane Dev")
+    git(work, "config", "user.email", "jane@example.invalid")
+    git(work, "checkout", "-q", "-b", "my-work")
+    (work / "notes.txt").write_text("mine\n")
+    return work
+
+
+def state(work):
+    return (
+        git(work, "rev-parse", "HEAD"),
+        git(work, "symbolic-ref", "HEAD"),
+        git(work, "status", "--porcelain", "--untracked-files=all"),
+        git(work, "worktree", "list", "--porcelain").count("worktree "),
+    )
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_branches_per_pending_patch_with_signoff_title_and_description(pr_series, clone, tmp_path):
+    before = state(clone)
+    out = tmp_path / "prs"
+    result = run("pr", "--source", str(clone), "--onto", "1.0.0", "--out", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    by_id = {o["id"]: o for o in report["outcomes"]}
+    assert by_id["backport"]["status"] == pr.SKIPPED_INAPPROPRIATE
+    assert by_id["jit-annotations"]["status"] == pr.BRANCH
+    assert by_id["feature"]["status"] == pr.BRANCH
+    assert by_id["on-feature"]["status"] == pr.STACKED
+    assert by_id["on-feature"]["stacked_on"] == "moe-patch/feature"
+    assert state(clone) == before  # HEAD, branch, working tree, no worktree left behind
+
+    branches = git(clone, "branch", "--list", "moe-patch/*", "--format=%(refname:short)").split()
+    assert sorted(branches) == [
+        "moe-patch/feature",
+        "moe-patch/jit-annotations",
+        "moe-patch/on-feature",
+    ]
+    tag = git(clone, "rev-parse", "v1.0.0")
+    titles = {}
+    for branch in branches:
+        message = git(clone, "log", "-1", "--format=%B", branch)
+        titles[branch] = message.splitlines()[0]
+        assert message.rstrip().endswith("Signed-off-by: Jane Dev <jane@example.invalid>")
+        assert "Upstream-Status" not in message and "Upstream-Probe" not in message
+        assert (
+            git(clone, "log", "-1", "--format=%an <%ae>", branch)
+            == "Jane Dev <jane@example.invalid>"
+        )
+    assert titles["moe-patch/jit-annotations"] == "[Perf] Do not specialise on token counts"
+    assert titles["moe-patch/feature"] == "[Misc] Add it"
+    assert titles["moe-patch/on-feature"] == "[Bugfix] Add MORE"
+    assert git(clone, "rev-parse", "moe-patch/jit-annotations^") == tag
+    assert git(clone, "rev-parse", "moe-patch/on-feature^") == git(
+        clone, "rev-parse", "moe-patch/feature"
+    )
+
+    test_file = "tests/kernels/moe/test_fused_moe_jit_specialization.py"
+    added = git(clone, "show", f"moe-patch/jit-annotations:{test_file}")
+    assert added.startswith(pr.SPDX_LINES.rstrip("\n"))
+    assert by_id["jit-annotations"]["tests"] == [test_file]
+    assert all(line.split(":")[1].startswith(" pass") for line in by_id["jit-annotations"]["lint"])
+
+    body = (out / "jit-annotations.md").read_text()
+    for section in ("## Purpose", "## Test Plan", "## Test Result"):
+        assert body.count(section) == 1
+    assert "Why jit-annotations exists." in body
+    for text in ("Test GPU 9000", "9.9.9", "8.8.8", RESULTS["command"]):
+        assert text in body
+    assert "| 1.0.0 | sweep | 41 → 13 | 23 → 5 | 17.12 → 3.25 |" in body
+    assert "| 1.0.0 | trace | 43 → 17 | 29 → 7 | 19.50 → 4.75 |" in body
+    assert "stacked on `moe-patch/feature`" in (out / "on-feature.md").read_text()
+    commands = by_id["jit-annotations"]["commands"]
+    assert any(c.startswith("gh pr create --repo vllm-project/vllm") for c in commands)
+    assert any(" push " in c and c.endswith("moe-patch/jit-annotations") for c in commands)
+
+
+def test_patch_already_upstream_at_the_target_gets_no_branch(pr_series, clone, tmp_path):
+    git(clone, "checkout", "-q", "main")
+    for name, text in JIT_EDIT.items():
+        (clone / name).write_text(text)
+    git(clone, "commit", "-q", "-am", "upstream does it too")
+    report = pr.prepare(clone, "main", tmp_path / "out", only=["jit-annotations"])
+    assert report.outcomes[0].status == pr.SKIPPED_UPSTREAM
+    assert "probe" in report.outcomes[0].detail
+    assert not git(clone, "branch", "--list", "moe-patch/*")
+
+
+def test_prefix_and_existing_branch_needs_force(pr_series, clone, tmp_path):
+    report = pr.prepare(clone, "v1.0.0", tmp_path / "o", prefix="up/", only=["feature"])
+    assert report.outcomes[0].branch == "up/feature"
+    with pytest.raises(StateError, match="already exists"):
+        pr.prepare(clone, "v1.0.0", tmp_path / "o", prefix="up/", only=["feature"])
+    again = pr.prepare(clone, "v1.0.0", tmp_path / "o", prefix="up/", only=["feature"], force=True)
+    assert again.outcomes[0].status == pr.BRANCH
+
+
+def _refused(clone, tmp_path, *extra, env=None):
+    digest = tree_digest(clone)
+    result = subprocess.run(
+        ["moe-patch", "pr", "--source", str(clone), "--out", str(tmp_path / "o"), *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("moe-patch: error:"), result.stderr
+    assert tree_digest(clone) == digest
+    assert not (tmp_path / "o").exists()
+    return errors[0], result.returncode
+
+
+@pytest.fixture
+def cli_env(pr_series, tmp_path):
+    import sys
+
+    bindir = os.path.dirname(sys.executable)
+    return dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
+
+
+def test_refuses_without_git_identity(pr_series, clone, tmp_path, cli_env):
+    git(clone, "config", "--unset", "user.name")
+    git(clone, "config", "--unset", "user.email")
+    home = tmp_path / "empty-home"
+    home.mkdir()
+    env = dict(cli_env, HOME=str(home), GIT_CONFIG_NOSYSTEM="1", XDG_CONFIG_HOME=str(home))
+    for key in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):
+        env.pop(key, None)
+    message, code = _refused(clone, tmp_path, "--onto", "v1.0.0", env=env)
+    assert "user.name and user.email" in message and code == 2
+
+
+def test_refuses_dirty_tree(pr_series, clone, tmp_path, cli_env):
+    (clone / "vllm" / "__init__.py").write_text("# edited\n")
+    message, code = _refused(clone, tmp_path, "--onto", "v1.0.0", env=cli_env)
+    assert "uncommitted changes" in message and code == 7
+
+
+def test_refuses_unknown_ref(pr_series, clone, tmp_path, cli_env):
+    message, code = _refused(clone, tmp_path, "--onto", "v9.9.9", env=cli_env)
+    assert "--onto v9.9.9 is not a branch, tag or commit" in message and code == 2
+
+
+def test_title_and_body_helpers(pr_series):
+    from moe_patch import series
+
+    patches = {p.id: p for p in series.load("1.0.0").patches}
+    assert pr.title_for(patches["on-feature"]) == "[Bugfix] Add MORE"
+    body = pr.body_for(patches["on-feature"])
+    assert body == "Why on-feature exists."
+    with pytest.raises(UsageError):
+        pr.resolve_ref(pr_series, "nope")  # not a git repository ref
+
+
+def test_descriptions_default_to_the_git_directory(pr_series, clone):
+    before = state(clone)
+    report = pr.prepare(clone, "v1.0.0", only=["feature"])
+    assert report.outcomes[0].description == str(clone / ".git" / "moe-patch-pr" / "feature.md")
+    assert state(clone) == before

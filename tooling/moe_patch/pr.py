@@ -1,0 +1,660 @@
+"""``moe-patch pr``: one upstream-ready branch per patch that vLLM lacks at a target ref.
+
+For each patch of the series serving the target, in series order:
+
+* ``Upstream-Status: Inappropriate [...]`` (a backport, a local change): skipped;
+* already upstream at the target (its ``Upstream-Probe`` finds the feature, or it
+  reverse-applies cleanly: the same evidence as ``apply``): skipped;
+* otherwise a branch ``<prefix><patch-id>`` based on the target, holding the change as
+  one commit: a vLLM-style title (``[Perf] …``), the patch's reasons as the body, the
+  vLLM test that goes with it (``tests/kernels/moe/…``, with the SPDX header), the
+  moe-patch trailers removed and a DCO ``Signed-off-by:`` for the user's git identity.
+  A patch that does not apply on the target alone but does on top of the previous
+  candidate is stacked on that branch, and the report says so.
+
+The touched Python files are checked with the target tree's own ruff configuration
+(``ruff check``, ``ruff format --check``); lines the patch adds are fixed by ruff first
+when the file was clean before it (never reformatting upstream's own lines).  Each branch
+gets a PR description in vLLM's template (``## Purpose``, ``## Test Plan``, ``## Test
+Result``) written to ``--out``, with the ``git push`` / ``gh pr create`` commands.
+Nothing is pushed.
+
+The work happens in a detached ``git worktree`` of the user's repository in a temporary
+directory; branches are shared refs, so they appear in the user's repository and the
+worktree is removed afterwards.  The user's HEAD, branch and working tree are untouched.
+
+The PR title's tag comes from an ``Upstream-Title:`` trailer in the patch when it has one
+(the whole title), else from :data:`UPSTREAM` below, else ``[Misc]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import git
+from packaging.version import InvalidVersion, Version
+
+from . import applier, gitutil, series, verify
+from .errors import MoePatchError, StateError, UsageError
+from .patchfile import Patch
+
+DEFAULT_PREFIX = "moe-patch/"
+SPDX_LINES = (
+    "# SPDX-License-Identifier: Apache-2.0\n"
+    "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
+)
+UPSTREAM_REPO = "vllm-project/vllm"
+# Trailers that belong to the series, not to an upstream commit.
+SERIES_TRAILERS = {
+    "upstream-status",
+    "upstream-probe",
+    "applied-upstream",
+    "forwarded",
+    "patch-filename",
+    "signed-off-by",
+    "upstream-title",
+}
+
+# Outcomes per patch.
+BRANCH, STACKED, SKIPPED_INAPPROPRIATE, SKIPPED_UPSTREAM, FAILED = (
+    "branch",
+    "branch (stacked)",
+    "skipped: inappropriate upstream",
+    "skipped: already upstream",
+    "failed",
+)
+
+_JIT_TEST = '''\
+"""fused_moe_kernel must not specialise on per-batch token counts.
+
+Triton specialises integer arguments on ``== 1`` and ``% 16 == 0``; EM and
+num_valid_tokens change with every batch, so specialising on them compiles new
+kernel variants on the request path.
+
+Run `pytest tests/kernels/moe/test_fused_moe_jit_specialization.py`.
+"""
+
+import pytest
+
+from vllm.model_executor.layers.fused_moe.fused_moe import fused_moe_kernel
+
+
+def _not_specialized() -> set[str]:
+    names = list(fused_moe_kernel.arg_names)
+    return {
+        names[arg] if isinstance(arg, int) else arg
+        for arg in fused_moe_kernel.do_not_specialize
+    }
+
+
+@pytest.mark.parametrize("arg", ["EM", "num_valid_tokens"])
+def test_fused_moe_kernel_does_not_specialize_token_counts(arg: str):
+    assert arg in fused_moe_kernel.arg_names
+    assert arg in _not_specialized()
+'''
+
+_BACKEND_TEST = '''\
+"""VLLM_FP8_MOE_BACKEND names the FP8 MoE backend as --moe-backend does.
+
+Run `pytest tests/kernels/moe/test_fp8_moe_backend_env.py`.
+"""
+
+import pytest
+
+import vllm.envs as envs
+
+
+def test_fp8_moe_backend_env_defaults_to_auto(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("VLLM_FP8_MOE_BACKEND", raising=False)
+    assert envs.VLLM_FP8_MOE_BACKEND == "auto"
+
+
+@pytest.mark.parametrize("value", ["triton", "TRITON", "flashinfer_cutlass"])
+def test_fp8_moe_backend_env_accepts_moe_backend_names(
+    monkeypatch: pytest.MonkeyPatch, value: str
+):
+    monkeypatch.setenv("VLLM_FP8_MOE_BACKEND", value)
+    assert envs.VLLM_FP8_MOE_BACKEND.lower() == value.lower()
+
+
+def test_fp8_moe_backend_env_rejects_unknown_names(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("VLLM_FP8_MOE_BACKEND", "not-a-backend")
+    with pytest.raises(ValueError):
+        _ = envs.VLLM_FP8_MOE_BACKEND
+'''
+
+
+@dataclass(frozen=True)
+class Upstreaming:
+    """How one patch of the series goes upstream."""
+
+    tag: str  # vLLM PR title tag
+    tests: dict[str, str] = field(default_factory=dict)  # path -> content (SPDX added)
+    results: str | None = None  # benchmark results file under kernels/results/
+    no_benchmark: str = ""  # Test Result text when there is no head-to-head benchmark
+
+
+UPSTREAM: dict[str, Upstreaming] = {
+    "jit-annotations": Upstreaming(
+        tag="[Perf]",
+        tests={"tests/kernels/moe/test_fused_moe_jit_specialization.py": _JIT_TEST},
+        results="h200-jit-sweep.json",
+    ),
+    "backend-selector": Upstreaming(
+        tag="[Kernel]",
+        tests={"tests/kernels/moe/test_fp8_moe_backend_env.py": _BACKEND_TEST},
+        no_benchmark=(
+            "No head-to-head benchmark of the Triton and CUTLASS-based FP8 MoE backends "
+            "was run for this change; the reasoning and the measurements it rests on are "
+            "in Purpose. Deployments that measure otherwise can restore their previous "
+            "backend with `VLLM_FP8_MOE_BACKEND=<name>` or `--moe-backend`."
+        ),
+    ),
+}
+DEFAULT_UPSTREAMING = Upstreaming(tag="[Misc]")
+
+
+@dataclass
+class PrOutcome:
+    id: str
+    status: str
+    detail: str = ""
+    branch: str | None = None
+    commit: str | None = None
+    title: str | None = None
+    stacked_on: str | None = None
+    tests: list[str] = field(default_factory=list)
+    lint: list[str] = field(default_factory=list)  # one line per check
+    description: str | None = None  # path of the PR description file
+    commands: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PrReport:
+    source: str
+    onto: str
+    onto_commit: str
+    series_base: str
+    outcomes: list[PrOutcome] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(o.status != FAILED for o in self.outcomes)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["ok"] = self.ok
+        return json.dumps(data, indent=2)
+
+
+# --- inputs -------------------------------------------------------------------------
+
+
+def git_identity(repo: Path) -> tuple[str, str]:
+    """``user.name`` and ``user.email`` from the user's git configuration for ``repo``."""
+    values = []
+    for key in ("user.name", "user.email"):
+        try:
+            values.append(gitutil.run(repo, "config", "--get", key).strip())
+        except git.GitCommandError:
+            values.append("")
+    name, email = values
+    if not name or not email:
+        missing = " and ".join(
+            k for k, v in zip(("user.name", "user.email"), values, strict=True) if not v
+        )
+        raise UsageError(
+            f"no git identity for the DCO sign-off: set {missing} "
+            '(git config --global user.name "Your Name"; git config --global user.email '
+            "you@example.com); nothing was changed"
+        )
+    return name, email
+
+
+def resolve_ref(repo: Path, ref: str) -> tuple[str, str]:
+    """(commit, the name that resolved) for ``ref``: as given, as tag ``v<ref>``, or as
+    ``origin/<ref>``."""
+    candidates = [ref]
+    if not ref.startswith("v"):
+        candidates.append(f"v{ref}")
+    candidates.append(f"origin/{ref}")
+    for name in candidates:
+        try:
+            commit = gitutil.run(repo, "rev-parse", "-q", "--verify", f"{name}^{{commit}}")
+            return commit, name
+        except git.GitCommandError:
+            continue
+    raise UsageError(
+        f"--onto {ref} is not a branch, tag or commit of {repo}; fetch it first "
+        "(git fetch upstream) or name an existing ref"
+    )
+
+
+def ref_version(repo: Path, commit: str, name: str) -> str | None:
+    """The vLLM release a ref is, or the newest release tag it contains."""
+    texts = [name.rsplit("/", 1)[-1]]
+    with contextlib.suppress(git.GitCommandError):
+        texts.append(gitutil.run(repo, "describe", "--tags", "--abbrev=0", commit))
+    for text in texts:
+        try:
+            version = Version(text.lstrip("v"))
+        except InvalidVersion:
+            continue
+        if not version.is_devrelease and not version.is_prerelease:
+            return str(version)
+    return None
+
+
+def results_dir() -> Path:
+    import os
+
+    configured = os.environ.get("MOE_PATCH_RESULTS")
+    if configured:
+        return Path(configured)
+    return Path(__file__).resolve().parents[2] / "kernels" / "results"
+
+
+# --- commit messages ----------------------------------------------------------------
+
+
+def title_for(patch: Patch) -> str:
+    explicit = patch.trailer("Upstream-Title")
+    if explicit:
+        return explicit
+    tag = UPSTREAM.get(patch.id, DEFAULT_UPSTREAMING).tag
+    subject = re.sub(r"^[\w./-]+:\s+", "", patch.subject)  # "fused_moe: do x" -> "do x"
+    return f"{tag} {subject[:1].upper()}{subject[1:]}"
+
+
+def body_for(patch: Patch) -> str:
+    """The patch's message without the series' own trailers."""
+    paragraphs = [p for p in patch.message.strip().split("\n\n") if p.strip()]
+    if paragraphs:
+        kept = [
+            line
+            for line in paragraphs[-1].splitlines()
+            if line.split(":", 1)[0].strip().lower() not in SERIES_TRAILERS
+        ]
+        if kept:
+            paragraphs[-1] = "\n".join(kept)
+        else:
+            paragraphs.pop()
+    return "\n\n".join(paragraphs)
+
+
+def commit_message(patch: Patch, name: str, email: str) -> str:
+    lines = [title_for(patch), "", body_for(patch), ""]
+    author = patch.author
+    trailers = []
+    if author and email.lower() not in author.lower():
+        trailers.append(f"Co-authored-by: {author}")
+    trailers.append(f"Signed-off-by: {name} <{email}>")
+    return "\n".join(lines + trailers) + "\n"
+
+
+# --- the work -----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _worktree(repo: Path, commit: str):
+    holder = Path(tempfile.mkdtemp(prefix="moe-patch-pr-"))
+    path = holder / "vllm"
+    gitutil.run(repo, "worktree", "add", "-q", "--detach", str(path), commit)
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(git.GitCommandError):
+            gitutil.run(repo, "worktree", "remove", "--force", str(path))
+        shutil.rmtree(holder, ignore_errors=True)
+        with contextlib.suppress(git.GitCommandError):
+            gitutil.run(repo, "worktree", "prune")
+
+
+def _apply(work: Path, patch: Patch, base_fetch) -> bool:
+    if applier._apply_check(work, patch) is None and applier._am(work, patch, three_way=False):
+        return True
+    # A 3-way merge needs the patch's preimage blobs: a clone with history, or the
+    # previous candidate's commit (before SPDX lines / ruff fixes), usually has them;
+    # else the series base release is fetched from the cache.
+    if applier._am(work, patch, three_way=True):
+        return True
+    return bool(base_fetch()) and applier._am(work, patch, three_way=True)
+
+
+def _ruff_fix(ruff: str, work: Path, files: list[str], base: str) -> None:
+    """Let ruff fix the patch's lines in files that were clean before the patch."""
+    config, _ = verify.ruff_config(work)
+    for name in files:
+        text = verify._base_text(work, base, name)
+        if text is None:
+            clean_format = clean_lint = True
+        else:
+            stdin = ("--stdin-filename", name, "-")
+            fmt = ("format", "--check", "--no-cache", *config, *stdin)
+            clean_format = verify._ruff(ruff, work, *fmt, stdin=text).returncode == 0
+            lint = ("check", "--no-cache", "--quiet", *config, *stdin)
+            clean_lint = verify._ruff(ruff, work, *lint, stdin=text).returncode == 0
+        if clean_lint:
+            verify._ruff(ruff, work, "check", "--fix", "--no-cache", "--quiet", *config, name)
+        if clean_format:
+            verify._ruff(ruff, work, "format", "--no-cache", "--quiet", *config, name)
+
+
+def _add_spdx(work: Path, base: str) -> list[str]:
+    """Put vLLM's SPDX lines on top of Python files the change adds; returns them."""
+    added = gitutil.run(work, "diff", "--name-only", "--diff-filter=A", base, "HEAD")
+    fixed = []
+    for name in added.splitlines():
+        path = work / name
+        if name.endswith(".py") and path.is_file():
+            text = path.read_text()
+            if "SPDX-License-Identifier" not in "".join(text.splitlines(True)[:2]):
+                path.write_text(SPDX_LINES + text)
+                fixed.append(name)
+    return fixed
+
+
+def _commit(work: Path, base: str, message: str, name: str, email: str) -> str:
+    env = {
+        "GIT_AUTHOR_NAME": name,
+        "GIT_AUTHOR_EMAIL": email,
+        "GIT_COMMITTER_NAME": name,
+        "GIT_COMMITTER_EMAIL": email,
+    }
+    gitutil.run(work, "add", "-A")
+    tree_id = gitutil.run(work, "write-tree")
+    with tempfile.NamedTemporaryFile("wb", prefix="moe-patch-msg-", delete=False) as handle:
+        handle.write(message.encode("utf-8"))
+    try:
+        commit = gitutil.run(work, "commit-tree", tree_id, "-p", base, "-F", handle.name, env=env)
+    finally:
+        Path(handle.name).unlink(missing_ok=True)
+    gitutil.run(work, "reset", "-q", "--hard", commit)
+    return commit
+
+
+def _lint(work: Path, base: str) -> tuple[bool, list[str]]:
+    ruff = verify.ruff_binary()
+    files = [
+        f
+        for f in gitutil.run(work, "diff", "--name-only", "--diff-filter=d", base, "HEAD").split()
+        if f.endswith(verify.PYTHON_SUFFIXES)
+    ]
+    if not files:
+        return True, ["no Python files"]
+    if not ruff:
+        return False, ["ruff is not installed: install ruff to check the commit"]
+    checks = [
+        verify.check_ruff_lint(ruff, work, files, base),
+        verify.check_ruff_format(ruff, work, files, base),
+    ]
+    return all(c.status == verify.PASS for c in checks), [
+        f"{c.name}: {c.status} ({c.detail})" for c in checks
+    ]
+
+
+def _fork_remote(repo: Path) -> str:
+    try:
+        remotes = gitutil.run(repo, "remote", "-v").splitlines()
+    except git.GitCommandError:
+        remotes = []
+    for line in remotes:
+        parts = line.split()
+        if len(parts) >= 2 and UPSTREAM_REPO not in parts[1] and "(push)" in line:
+            return parts[0]
+    return "<your-fork-remote>"
+
+
+def prepare(
+    source: Path,
+    onto: str,
+    out: Path | None = None,
+    prefix: str = DEFAULT_PREFIX,
+    only: list[str] | None = None,
+    series_root: Path | None = None,
+    force: bool = False,
+    index_url: str | None = None,
+) -> PrReport:
+    source = source.expanduser().absolute()
+    repo = gitutil.open_repo(source)
+    if repo.bare:
+        raise UsageError(f"--source {source} is a bare repository; use a clone with a work tree")
+    name, email = git_identity(source)
+    gitutil.require_clean(repo, "--source checkout")
+    onto_commit, onto_name = resolve_ref(source, onto)
+    version = ref_version(source, onto_commit, onto_name)
+    known = series.bases(series_root)
+    if not known:
+        raise UsageError("there is no patch series to make pull requests from")
+    base = series.base_for(version, series_root) if version else known[-1]
+    chosen = series.load(base, series_root)
+    patches = chosen.select(only)
+    existing = [
+        prefix + p.id
+        for p in patches
+        if gitutil.run(source, "branch", "--list", prefix + p.id).strip()
+    ]
+    if existing and not force:
+        raise StateError(
+            f"branch {', '.join(existing)} already exists in {source}; delete it, or pass "
+            "--force to replace it (nothing was changed)"
+        )
+    try:
+        current = gitutil.run(source, "symbolic-ref", "-q", "--short", "HEAD")
+    except git.GitCommandError:
+        current = None
+    if current in existing:
+        raise StateError(f"{current} is checked out in {source}; switch branches first")
+
+    report = PrReport(str(source), onto_name, onto_commit, base)
+    if out is None:  # beside the repository's refs, never in its working tree
+        common = gitutil.run(source, "rev-parse", "--git-common-dir")
+        out = (source / common).resolve() / "moe-patch-pr"
+    out = out.expanduser().absolute()
+    fetched: list[bool] = []
+
+    with applier.target_lock(source), _worktree(source, onto_commit) as work:
+
+        def base_fetch() -> bool:
+            if not fetched:
+                fetched.append(applier._fetch_base_objects(work, chosen.base, index_url))
+            return fetched[0]
+
+        previous: PrOutcome | None = None
+        for patch in patches:
+            outcome = PrOutcome(patch.id, FAILED)
+            report.outcomes.append(outcome)
+            status = patch.upstream_status
+            if status.lower().startswith("inappropriate"):
+                outcome.status, outcome.detail = SKIPPED_INAPPROPRIATE, status
+                continue
+            gitutil.run(work, "checkout", "-q", "--detach", onto_commit)
+            evidence = applier._upstream_evidence(work, patch)
+            if evidence:
+                outcome.status, outcome.detail = SKIPPED_UPSTREAM, evidence
+                continue
+            parent = onto_commit
+            if not _apply(work, patch, base_fetch):
+                if previous is None:
+                    outcome.detail = f"does not apply on {onto_name}"
+                    continue
+                gitutil.run(work, "checkout", "-q", "--detach", previous.commit)
+                if not _apply(work, patch, base_fetch):
+                    outcome.detail = f"applies neither on {onto_name} nor on {previous.branch}"
+                    continue
+                parent = previous.commit
+                outcome.stacked_on = previous.branch
+            _make_branch(work, patch, parent, outcome, prefix, name, email)
+            outcome.status = STACKED if outcome.stacked_on else BRANCH
+            previous = outcome
+
+    fork = _fork_remote(source)
+    for outcome in report.outcomes:
+        if outcome.branch:
+            patch = next(p for p in patches if p.id == outcome.id)
+            _write_description(out, patch, outcome, report, fork)
+    return report
+
+
+def _make_branch(
+    work: Path,
+    patch: Patch,
+    parent: str,
+    outcome: PrOutcome,
+    prefix: str,
+    name: str,
+    email: str,
+) -> None:
+    gitutil.run(work, "reset", "-q", "--soft", parent)
+    plan = UPSTREAM.get(patch.id, DEFAULT_UPSTREAMING)
+    for path, text in plan.tests.items():
+        target = work / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(SPDX_LINES + text)
+        outcome.tests.append(path)
+    # Commit once so the SPDX and ruff steps can compare against the parent.
+    message = commit_message(patch, name, email)
+    _commit(work, parent, message, name, email)
+    _add_spdx(work, parent)
+    ruff = verify.ruff_binary()
+    if ruff:
+        changed = gitutil.run(work, "diff", "--name-only", "--diff-filter=d", parent)
+        files = [f for f in changed.split() if f.endswith(verify.PYTHON_SUFFIXES)]
+        _ruff_fix(ruff, work, files, parent)
+    commit = _commit(work, parent, message, name, email)
+    ok, lines = _lint(work, parent)
+    outcome.lint = lines
+    branch = prefix + patch.id
+    gitutil.run(work, "branch", "-f", branch, commit)
+    outcome.branch, outcome.commit, outcome.title = branch, commit, title_for(patch)
+    if not ok:
+        outcome.detail = "lint fails with the tree's own ruff configuration: fix before pushing"
+
+
+# --- the PR description -------------------------------------------------------------
+
+
+def results_section(plan: Upstreaming) -> str:
+    if not plan.results:
+        return plan.no_benchmark or "No benchmark results are recorded for this change."
+    path = results_dir() / plan.results
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return f"The benchmark results file {plan.results} was not found; run the benchmark."
+    env = data.get("environment", {})
+    results = data.get("results", {})
+    sweep = data.get("sweep_token_counts") or []
+    trace = data.get("trace") or {}
+    lines = [
+        f"Compile stalls of `fused_moe_kernel` ({data.get('shape', '?')}, FP8 "
+        f"{data.get('quant', '?')}), each run in a fresh process with an empty Triton cache.",
+        "",
+        f"- GPU: {env.get('gpu', '?')} ({env.get('sm_count', '?')} SMs); torch "
+        f"{env.get('torch', '?')}, triton {env.get('triton', '?')}, CUDA {env.get('cuda', '?')}, "
+        f"Python {env.get('python', '?')}",
+        f"- sweep: {len(sweep)} token counts from {min(sweep, default='?')} to "
+        f"{max(sweep, default='?')}; trace: {trace.get('steps', '?')} steps "
+        f"(seed {trace.get('seed', '?')})",
+        f"- command: `{data.get('command', '?')}`",
+        "",
+        "| vLLM | run | compiled variants before → after | compile stalls before → after "
+        "| seconds stalled before → after |",
+        "|---|---|---|---|---|",
+    ]
+    for label in results:
+        after = results.get(f"{label}+moe")
+        if "+" in label or not after:
+            continue
+        for run in ("sweep", "trace"):
+            b, a = results[label].get(run), after.get(run)
+            if not b or not a:
+                continue
+            lines.append(
+                f"| {label} | {run} | {b['variants']} → {a['variants']} | "
+                f"{b['stalls']} → {a['stalls']} | "
+                f"{b['stall_seconds']:.2f} → {a['stall_seconds']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def description(patch: Patch, outcome: PrOutcome, report: PrReport) -> str:
+    plan = UPSTREAM.get(patch.id, DEFAULT_UPSTREAMING)
+    tests = outcome.tests or []
+    plan_lines = [f"- `pytest {t} -v`" for t in tests]
+    plan_lines.append("- `pre-commit run --files <changed files>` (ruff check, ruff format)")
+    if plan.results:
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads((results_dir() / plan.results).read_text())
+            plan_lines.append(f"- benchmark: `{data.get('command', '?')}`")
+    stacked = (
+        f"\n\nThis PR is stacked on `{outcome.stacked_on}`; merge that one first.\n"
+        if outcome.stacked_on
+        else ""
+    )
+    test_results = [results_section(plan)]
+    if tests:
+        test_results += [
+            "",
+            "New tests (moe-patch does not run them: they need vLLM on a GPU):",
+            "",
+        ]
+        test_results += [f"- `pytest {t}`: <paste the result here>" for t in tests]
+    if outcome.lint:
+        test_results += ["", "Lint with the tree's own configuration:", ""]
+        test_results += [f"- {line}" for line in outcome.lint]
+    return (
+        "## Purpose\n\n"
+        f"{body_for(patch)}{stacked}\n\n"
+        "## Test Plan\n\n" + "\n".join(plan_lines) + "\n\n"
+        "## Test Result\n\n" + "\n".join(test_results) + "\n"
+    )
+
+
+def _write_description(
+    out: Path, patch: Patch, outcome: PrOutcome, report: PrReport, fork: str
+) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{patch.id}.md"
+    path.write_text(description(patch, outcome, report))
+    outcome.description = str(path)
+    base = "main"
+    title = (outcome.title or "").replace('"', '\\"')
+    outcome.commands = [
+        f"git -C {report.source} push {fork} {outcome.branch}",
+        f"gh pr create --repo {UPSTREAM_REPO} --base {base} --head <your-github-user>:"
+        f'{outcome.branch} --title "{title}" --body-file {path}',
+    ]
+
+
+def render(report: PrReport) -> str:
+    lines = [
+        f"target: {report.onto} ({report.onto_commit[:12]}), series base v{report.series_base}",
+    ]
+    for o in report.outcomes:
+        head = f"{o.id}: {o.status}"
+        if o.branch:
+            head += f" -> {o.branch} {o.commit[:12]} {o.title!r}"
+        if o.stacked_on:
+            head += f" (stacked on {o.stacked_on})"
+        lines.append(head)
+        if o.detail:
+            lines.append(f"    {o.detail}")
+        for line in o.lint:
+            lines.append(f"    {line}")
+        if o.description:
+            lines.append(f"    PR description: {o.description}")
+        for command in o.commands:
+            lines.append(f"    $ {command}")
+    if any(o.branch for o in report.outcomes):
+        lines.append("nothing was pushed; run the commands above to open the pull requests")
+    return "\n".join(lines)
+
+
+__all__ = ["prepare", "render", "PrReport", "PrOutcome", "MoePatchError"]
