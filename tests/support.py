@@ -10,6 +10,7 @@ import subprocess
 import tarfile
 import textwrap
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -84,6 +85,7 @@ class FakeIndex:
     archives: dict[str, bytes] = field(default_factory=dict)
     listed_hash: dict[str, str] = field(default_factory=dict)  # filename -> hash to list
     mode: str = "ok"  # ok | garbage | error | html | truncate
+    delay: float = 0.0  # seconds between 256-byte chunks of a file (slow downloads)
     requests: list[str] = field(default_factory=list)
 
     def add(self, version: str, archive: bytes | None = None) -> None:
@@ -142,6 +144,12 @@ def fake_index(cache_dir, monkeypatch):
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
+            if index.delay and self.path.startswith("/files/"):
+                for start in range(0, len(body), 256):
+                    self.wfile.write(body[start : start + 256])
+                    self.wfile.flush()
+                    time.sleep(index.delay)
+                return
             self.wfile.write(body)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -20,7 +20,7 @@ from pathlib import Path
 import git
 from packaging.version import Version
 
-from . import gitutil, probes, trees
+from . import cache, gitutil, probes, trees
 from .errors import BusyError, MoePatchError, PatchFormatError, StateError
 from .patchfile import Patch
 from .report import (
@@ -51,7 +51,8 @@ def read_state(tree: Path) -> dict:
 
 
 def _write_state(tree: Path, state: dict) -> None:
-    (_git_dir(tree) / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
+    data = (json.dumps(state, indent=1, sort_keys=True) + "\n").encode()
+    cache.write_atomic(_git_dir(tree) / STATE_FILE, data)  # a kill never leaves half a file
 
 
 def _git_dir(tree: Path) -> Path:
@@ -174,10 +175,14 @@ def apply_series(
     )
     repo = gitutil.open_repo(tree)
     with target_lock(tree):
-        gitutil.require_clean(repo, "target tree")
         state = read_state(tree)
+        running = state.get("running") or {}
+        if running:
+            _recover_interrupted(tree)
+        gitutil.require_clean(repo, "target tree")
         previous = _branch_head(tree, branch)
-        if previous and previous != state.get("heads", {}).get(branch):
+        ours = {state.get("heads", {}).get(branch), running.get("from"), running.get("to")}
+        if previous and previous not in ours:
             raise StateError(
                 f"branch {branch} in {tree} has commits moe-patch did not make; "
                 "move them to another branch or delete it, then run again"
@@ -187,6 +192,9 @@ def apply_series(
             for declaration in patch.trailer_values("Upstream-Probe"):
                 probes.parse(declaration, patch.path.name)
 
+        if not running:
+            _refuse_unsaved_detached_head(tree, base)
+        _write_state(tree, {**state, "running": {"branch": branch, "from": previous}})
         gitutil.run(tree, "checkout", "-q", "--detach", base)
         fetched_base = Version(series.base) == Version(version)
         failed = False
@@ -220,11 +228,42 @@ def apply_series(
         head = gitutil.run(tree, "rev-parse", "HEAD")
         report.head = head
         report.unchanged = previous == head
-        gitutil.run(tree, "checkout", "-q", "-B", branch, head)
-        heads = state.get("heads", {})
+        heads = {**state.get("heads", {})}
         heads[branch] = head
-        _write_state(tree, {"heads": heads, "bases": {**state.get("bases", {}), branch: base}})
+        done = {"heads": heads, "bases": {**state.get("bases", {}), branch: base}}
+        # A kill between these two writes leaves "running" set with both heads known.
+        _write_state(tree, {**done, "running": {"branch": branch, "from": previous, "to": head}})
+        gitutil.run(tree, "checkout", "-q", "-B", branch, head)
+        _write_state(tree, done)
     return report
+
+
+def _recover_interrupted(tree: Path) -> None:
+    """Undo what a killed run left half-done (its ``git am``, its uncommitted files);
+    its commits stay reachable from the state file, and the run starts over."""
+    git_dir = _git_dir(tree)
+    if (git_dir / "rebase-apply").exists():
+        with contextlib.suppress(git.GitCommandError):
+            gitutil.run(tree, "am", "--abort")
+    gitutil.run(tree, "reset", "-q", "--hard")
+
+
+def _refuse_unsaved_detached_head(tree: Path, base: str) -> None:
+    """Refuse to move a detached HEAD that holds commits no branch or tag has."""
+    try:
+        gitutil.run(tree, "symbolic-ref", "-q", "HEAD")
+        return  # on a branch: checking out base loses nothing
+    except git.GitCommandError:
+        pass
+    head = gitutil.run(tree, "rev-parse", "HEAD")
+    if head == base or not gitutil.run(
+        tree, "rev-list", "-n", "1", "HEAD", "--not", "--branches", "--tags"
+    ):
+        return
+    raise StateError(
+        f"HEAD of {tree} is detached at {head[:12]} with commits on no branch; "
+        "save them with git switch -c NAME, then run again"
+    )
 
 
 def recorded_base(tree: Path, version: str) -> str | None:

@@ -142,7 +142,8 @@ def _read_diff(patch: Patch) -> None:
     try:
         parsed = PatchSet(patch.diff)
     except UnidiffParseError as exc:
-        raise PatchFormatError(f"patch {name} has a malformed diff ({exc})") from None
+        detail = " ".join(str(exc).split())  # one line, whatever unidiff says
+        raise PatchFormatError(f"patch {name} has a malformed diff ({detail})") from None
     if not parsed:
         raise PatchFormatError(f"patch {name} contains no file changes")
     for patched in parsed:

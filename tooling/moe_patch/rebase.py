@@ -172,13 +172,20 @@ def start(
         raise UsageError(f"there is no series for base {base}; bases: {', '.join(known) or 'none'}")
     if Version(base) == Version(onto):
         raise UsageError(f"the series is already based on {onto}; rebase it onto another release")
+    into = (into or Path.cwd() / f"vllm-{onto}-rebase").expanduser().absolute()
+    if (into / ".git").is_dir() and in_progress(into):
+        raise StateError(
+            f"a moe-patch rebase is already in progress in {into} (stopped or interrupted); "
+            f"run moe-patch rebase --continue --into {into} (or --abort --into {into})"
+        )
     target = root / f"v{onto}"
     if target.exists():
         raise UsageError(
             f"{target} already exists; remove it to rebase again, or edit it with checkout/export"
         )
     old = series.load(base, root)
-    into = (into or Path.cwd() / f"vllm-{onto}-rebase").expanduser().absolute()
+    if (into / ".git" / STATE_DIR).is_dir():  # a run killed while it set the tree up
+        shutil.rmtree(into)
     if into.exists() and any(into.iterdir()):
         raise UsageError(f"{into} exists and is not empty; choose another --into")
 
@@ -194,6 +201,7 @@ def start(
         work = sources.from_cache(onto, into, index_url)
     try:
         tree = work.path
+        _state_dir(tree).mkdir()  # marks the tree as this rebase's until state.json exists
         gitutil.run(
             tree,
             "fetch",
@@ -417,9 +425,21 @@ def continue_(into: Path | None = None) -> RebaseResult:
     with applier.target_lock(tree):
         state = _load(tree)
         if state.current < len(state.steps):  # else only the finishing step was interrupted
-            _take_resolution(tree, _stopped(tree))
-            state = _load(tree)
+            if state.steps[state.current].result != CONFLICT:
+                _resume_interrupted(state)  # killed mid-step: redo that step
+            else:
+                _take_resolution(tree, _stopped(tree))
+                state = _load(tree)
     return _run(state)
+
+
+def _resume_interrupted(state: RebaseState) -> None:
+    """Put the tree back where the last saved step left it (a killed run may have left a
+    half-done cherry-pick or an unsaved commit); ``_run`` then redoes the current step."""
+    done = [s.commit for s in state.steps[: state.current] if s.commit]
+    gitutil.run(Path(state.tree), "reset", "-q", "--hard", done[-1] if done else state.onto_commit)
+    step = state.steps[state.current]
+    step.result, step.detail, step.commit, step.applied_upstream = PENDING, "", None, None
 
 
 def _take_resolution(tree: Path, state: RebaseState) -> None:
@@ -483,18 +503,15 @@ def _finish(state: RebaseState) -> RebaseResult:
     tree = Path(state.tree)
     root = Path(state.series_root)
     target = root / f"v{state.onto}"
-    if target.exists():
-        raise StateError(f"{target} appeared while the rebase ran; move it away and --continue")
     exported = workflow.exported_series(tree, state.onto_commit)
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-v{state.onto}-", dir=root))
-    try:
-        for item in exported:
-            (staging / item.name).write_bytes(item.data)
-        (staging / series.SERIES_FILE).write_text("".join(f"{i.name}\n" for i in exported))
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    files = {i.name: i.data for i in exported}
+    files[series.SERIES_FILE] = "".join(f"{i.name}\n" for i in exported).encode()
+    if target.exists():
+        present = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
+        if present != files:  # else: a killed run got this far; finish what it started
+            raise StateError(f"{target} appeared while the rebase ran; move it away and --continue")
+    else:
+        _write_series(root, target, state.onto, files)
     result = RebaseResult(state=state, done=True, series_dir=str(target))
     for step in state.steps:
         if step.applied_upstream:
@@ -512,6 +529,17 @@ def _finish(state: RebaseState) -> RebaseResult:
         result.range_diff = f"(git range-diff failed: {str(exc.stderr).strip()})"
     shutil.rmtree(_state_dir(tree), ignore_errors=True)
     return result
+
+
+def _write_series(root: Path, target: Path, onto: str, files: dict[str, bytes]) -> None:
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp-v{onto}-", dir=root))
+    try:
+        for name, data in files.items():
+            (staging / name).write_bytes(data)
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def _record_applied_upstream(path: Path, state: RebaseState, step: Step) -> str | None:

@@ -17,7 +17,7 @@ import git
 from packaging.version import InvalidVersion, Version
 
 from . import gitutil, trees, ui
-from .errors import NetworkError, StateError, UsageError
+from .errors import BusyError, NetworkError, StateError, UsageError
 
 DEFAULT_REMOTE = "https://github.com/vllm-project/vllm.git"
 _VERSION_ASSIGN = re.compile(
@@ -77,15 +77,21 @@ def _fresh_target(into: Path) -> Path:
 
 
 def _move_into_place(tmp: Path, into: Path) -> None:
-    if into.exists():
-        into.rmdir()  # empty (checked by _fresh_target)
-    tmp.rename(into)
+    try:
+        if into.exists():
+            into.rmdir()  # empty (checked by _fresh_target)
+        tmp.rename(into)
+    except OSError:  # another run put its tree there meanwhile
+        raise BusyError(
+            f"another moe-patch run created {into} meanwhile; "
+            "wait for it to finish, then run the same command again"
+        ) from None
 
 
 def from_cache(version: str, into: Path, index_url: str | None) -> WorkTree:
-    repo = trees.release_repo(version, index_url)
-    tmp = _fresh_target(into)
+    tmp = _fresh_target(into)  # refuse a foreign --into before downloading anything
     try:
+        repo = trees.release_repo(version, index_url)
         gitutil.run(tmp.parent, "clone", "-q", "--local", "--no-checkout", str(repo), str(tmp))
         gitutil.run(tmp, "remote", "remove", "origin")
         # Writing ~5000 files dominates a warm apply: let git use every core.
@@ -169,8 +175,7 @@ def from_local(source: Path, into: Path | None, in_place: bool, version: str) ->
 
 def existing(into: Path, version: str, recorded_base: str | None) -> WorkTree:
     """A tree a previous ``apply`` made: reuse it if it is the same release and clean."""
-    repo = gitutil.open_repo(into)
-    gitutil.require_clean(repo, "target tree")
+    gitutil.open_repo(into)  # a git tree; whether it is clean is checked under its lock
     base = recorded_base
     if base is None:
         try:

@@ -47,8 +47,10 @@ def release_repo(version: str, index_url: str | None = None) -> Path:
         dist = index.cached_distribution(settings, version) or _lookup(settings, version)
         sdist = download.fetch_sdist(dist, settings)
         ui.info(f"unpacking {sdist.name} into the cache")
-        build_repo_from_archive(sdist, version, final)
-        sdist.unlink()  # the git repository now holds every byte of it
+        try:
+            build_repo_from_archive(sdist, version, final)
+        finally:
+            sdist.unlink()  # kept in the repository, or refused: never trusted again
     return final
 
 
@@ -97,8 +99,9 @@ def _extract(archive: Path, dest: Path) -> str:
         ) from None
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
         raise IntegrityError(
-            f"{archive.name} is not a readable archive ({type(exc).__name__}: {exc}); "
-            "delete it from the cache and retry"
+            f"{archive.name} is not a readable archive ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0].rstrip(':') if str(exc) else 'empty'}); "
+            "it was discarded: retry, and report it if it persists"
         ) from None
     newest = max((m.mtime for m in members), default=0)
     return f"@{int(newest) or 315532800} +0000"

@@ -63,7 +63,7 @@ def apply(
     try:
         return applier.apply_series(work.path, work.base, version, chosen, only, index_url)
     except BaseException:
-        if work.created and applier.read_state(work.path) == {}:
+        if work.created and not applier.read_state(work.path).get("heads"):
             shutil.rmtree(work.path, ignore_errors=True)  # nothing of value was made yet
         raise
 
