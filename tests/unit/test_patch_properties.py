@@ -106,7 +106,7 @@ def test_exported_patches_parse_and_round_trip(tmp_path_factory, commit):
     assert set(patch.files) == changed
 
     _git(work, "checkout", "-q", "--detach", base)
-    assert applier._am(work, patch, three_way=False)  # the product's own apply step
+    assert applier.am(work, patch, three_way=False)  # the product's own apply step
     assert export.format_commit(work, "HEAD") == exported
 
 

@@ -45,17 +45,17 @@ def branch_name(version: str) -> str:
 
 def read_state(tree: Path) -> dict:
     try:
-        return json.loads((_git_dir(tree) / STATE_FILE).read_text())
+        return json.loads((git_dir(tree) / STATE_FILE).read_text())
     except (OSError, ValueError):
         return {}
 
 
 def _write_state(tree: Path, state: dict) -> None:
     data = (json.dumps(state, indent=1, sort_keys=True) + "\n").encode()
-    cache.write_atomic(_git_dir(tree) / STATE_FILE, data)  # a kill never leaves half a file
+    cache.write_atomic(git_dir(tree) / STATE_FILE, data)  # a kill never leaves half a file
 
 
-def _git_dir(tree: Path) -> Path:
+def git_dir(tree: Path) -> Path:
     return Path(gitutil.run(tree, "rev-parse", "--absolute-git-dir"))
 
 
@@ -63,7 +63,7 @@ def _git_dir(tree: Path) -> Path:
 def target_lock(tree: Path):
     import filelock
 
-    lock = filelock.FileLock(str(_git_dir(tree) / "moe-patch.lock"))
+    lock = filelock.FileLock(str(git_dir(tree) / "moe-patch.lock"))
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:
@@ -105,7 +105,7 @@ def check_symlinks(tree: Path, base: str, patches: list[Patch]) -> None:
             )
 
 
-def _apply_check(tree: Path, patch: Patch, *extra: str) -> str | None:
+def apply_check(tree: Path, patch: Patch, *extra: str) -> str | None:
     """None if ``git apply --check`` accepts the patch, else git's error output."""
     try:
         gitutil.run(tree, "apply", "--check", *extra, str(patch.path))
@@ -114,7 +114,7 @@ def _apply_check(tree: Path, patch: Patch, *extra: str) -> str | None:
         return str(exc.stderr or exc)
 
 
-def _where_it_fails(patch: Patch, errors: str) -> str:
+def where_it_fails(patch: Patch, errors: str) -> str:
     match = _FAILED_AT.search(errors)
     if match:
         path, line = match.group(1), int(match.group(2))
@@ -129,7 +129,7 @@ def _where_it_fails(patch: Patch, errors: str) -> str:
     return last[-1].strip() if last else "does not apply"
 
 
-def _am(tree: Path, patch: Patch, three_way: bool) -> bool:
+def am(tree: Path, patch: Patch, three_way: bool) -> bool:
     args = ["am", "-q", "--committer-date-is-author-date", "--keep-cr"]
     if three_way:
         args.append("-3")
@@ -142,7 +142,7 @@ def _am(tree: Path, patch: Patch, three_way: bool) -> bool:
         return False
 
 
-def _fetch_base_objects(tree: Path, series_base: str, index_url: str | None) -> bool:
+def fetch_base_objects(tree: Path, series_base: str, index_url: str | None) -> bool:
     """Bring the series base release's blobs into ``tree`` so ``git am -3`` can merge."""
     try:
         repo = trees.release_repo(series_base, index_url)
@@ -205,23 +205,21 @@ def apply_series(
             report.outcomes.append(outcome)
             if failed:
                 continue
-            upstream = _upstream_evidence(tree, patch)
+            upstream = upstream_evidence(tree, patch)
             if upstream:
                 outcome.status, outcome.detail = UPSTREAM, upstream
                 continue
-            errors = _apply_check(tree, patch)
-            if errors is None and _am(tree, patch, three_way=False):
+            errors = apply_check(tree, patch)
+            if errors is None and am(tree, patch, three_way=False):
                 outcome.status = APPLIED
             else:
                 if not fetched_base:
-                    fetched_base = _fetch_base_objects(tree, series.base, index_url)
-                if fetched_base and _am(tree, patch, three_way=True):
+                    fetched_base = fetch_base_objects(tree, series.base, index_url)
+                if fetched_base and am(tree, patch, three_way=True):
                     outcome.status = APPLIED_3WAY
                 else:
                     outcome.status, failed = FAILED, True
-                    outcome.detail = _where_it_fails(
-                        patch, errors or _apply_check(tree, patch) or ""
-                    )
+                    outcome.detail = where_it_fails(patch, errors or apply_check(tree, patch) or "")
                     continue
             outcome.commit = gitutil.run(tree, "rev-parse", "HEAD")
 
@@ -241,8 +239,8 @@ def apply_series(
 def _recover_interrupted(tree: Path) -> None:
     """Undo what a killed run left half-done (its ``git am``, its uncommitted files);
     its commits stay reachable from the state file, and the run starts over."""
-    git_dir = _git_dir(tree)
-    if (git_dir / "rebase-apply").exists():
+    repo_dir = git_dir(tree)
+    if (repo_dir / "rebase-apply").exists():
         with contextlib.suppress(git.GitCommandError):
             gitutil.run(tree, "am", "--abort")
     gitutil.run(tree, "reset", "-q", "--hard")
@@ -277,11 +275,11 @@ def _branch_head(tree: Path, branch: str) -> str | None:
         return None
 
 
-def _upstream_evidence(tree: Path, patch: Patch) -> str | None:
+def upstream_evidence(tree: Path, patch: Patch) -> str | None:
     for declaration in patch.trailer_values("Upstream-Probe"):
         result = probes.run(declaration, tree, patch.path.name)
         if result.found:
             return f"probe: {result.detail}"
-    if _apply_check(tree, patch, "-R") is None:
+    if apply_check(tree, patch, "-R") is None:
         return "the tree already contains this change (it reverse-applies cleanly)"
     return None

@@ -317,14 +317,14 @@ def _worktree(repo: Path, commit: str):
 
 
 def _apply(work: Path, patch: Patch, base_fetch) -> bool:
-    if applier._apply_check(work, patch) is None and applier._am(work, patch, three_way=False):
+    if applier.apply_check(work, patch) is None and applier.am(work, patch, three_way=False):
         return True
     # A 3-way merge needs the patch's preimage blobs: a clone with history, or the
     # previous candidate's commit (before SPDX lines / ruff fixes), usually has them;
     # else the series base release is fetched from the cache.
-    if applier._am(work, patch, three_way=True):
+    if applier.am(work, patch, three_way=True):
         return True
-    return bool(base_fetch()) and applier._am(work, patch, three_way=True)
+    return bool(base_fetch()) and applier.am(work, patch, three_way=True)
 
 
 def _ruff_fix(ruff: str, work: Path, files: list[str], base: str) -> None:
@@ -463,7 +463,7 @@ def prepare(
 
         def base_fetch() -> bool:
             if not fetched:
-                fetched.append(applier._fetch_base_objects(work, chosen.base, index_url))
+                fetched.append(applier.fetch_base_objects(work, chosen.base, index_url))
             return fetched[0]
 
         previous: PrOutcome | None = None
@@ -475,7 +475,7 @@ def prepare(
                 outcome.status, outcome.detail = SKIPPED_INAPPROPRIATE, status
                 continue
             gitutil.run(work, "checkout", "-q", "--detach", onto_commit)
-            evidence = applier._upstream_evidence(work, patch)
+            evidence = applier.upstream_evidence(work, patch)
             if evidence:
                 outcome.status, outcome.detail = SKIPPED_UPSTREAM, evidence
                 continue

@@ -95,7 +95,7 @@ class RebaseResult:
 
 
 def _state_dir(tree: Path) -> Path:
-    return applier._git_dir(tree) / STATE_DIR
+    return applier.git_dir(tree) / STATE_DIR
 
 
 def _save(state: RebaseState) -> None:
@@ -266,7 +266,7 @@ def _old_patch(state: RebaseState, step: Step) -> patchfile.Patch:
 def _replay(state: RebaseState, step: Step) -> None:
     tree = Path(state.tree)
     old = _old_patch(state, step)
-    evidence = applier._upstream_evidence(tree, old)
+    evidence = applier.upstream_evidence(tree, old)
     if evidence:
         step.result, step.detail = DROPPED_UPSTREAM, evidence
         step.applied_upstream = first_release_with(old, state.base, state.onto)
@@ -279,7 +279,7 @@ def _replay(state: RebaseState, step: Step) -> None:
             gitutil.run(tree, "reset", "-q", "--hard", "HEAD")
             raise StateError(
                 f"git could not replay {step.name} on {state.onto} "
-                f"({applier._where_it_fails(old, '')}); the rebase is stopped: --abort"
+                f"({applier.where_it_fails(old, '')}); the rebase is stopped: --abort"
             ) from None
         step.result, state.conflicts = CONFLICT, conflicts
         state.stopped_head = gitutil.run(tree, "rev-parse", "HEAD")
@@ -314,7 +314,7 @@ def first_release_with(patch: patchfile.Patch, base: str, onto: str) -> str:
                     continue
                 (Path(scratch) / name).parent.mkdir(parents=True, exist_ok=True)
                 (Path(scratch) / name).write_text(data)
-            if applier._upstream_evidence(Path(scratch), patch):
+            if applier.upstream_evidence(Path(scratch), patch):
                 return version
     return onto
 

@@ -133,7 +133,7 @@ def commit_series(tree: Path, base_commit: str, patches: list[Patch]) -> list[st
     gitutil.run(tree, "checkout", "-q", "--detach", base_commit)
     commits = []
     for patch in patches:
-        if not applier._am(tree, patch, three_way=False):
+        if not applier.am(tree, patch, three_way=False):
             raise PatchFailed(
                 f"patch {patch.path.name} does not apply to its own base release; the series "
                 "is broken there (see moe-patch verify)"
@@ -212,13 +212,13 @@ class WorkflowState:
 
 
 def write_state(tree: Path, state: WorkflowState) -> None:
-    path = applier._git_dir(tree) / STATE_FILE
+    path = applier.git_dir(tree) / STATE_FILE
     path.write_text(json.dumps(asdict(state), indent=1, sort_keys=True) + "\n")
 
 
 def read_state(tree: Path) -> WorkflowState | None:
     try:
-        path = applier._git_dir(tree) / STATE_FILE
+        path = applier.git_dir(tree) / STATE_FILE
         return WorkflowState(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, git.GitCommandError):
         return None
@@ -322,7 +322,7 @@ def export_tree(tree: Path, series_root: Path | None = None, check: bool = False
             f"{tree} was not made by moe-patch checkout or rebase; "
             "start with: moe-patch checkout --vllm VERSION DIR"
         )
-    if (applier._git_dir(tree) / "moe-patch-rebase").exists():
+    if (applier.git_dir(tree) / "moe-patch-rebase").exists():
         raise StateError(f"{tree} is in the middle of a moe-patch rebase; finish or abort it first")
     gitutil.require_clean(repo, "work tree")
     directory = (
