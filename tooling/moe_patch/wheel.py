@@ -455,20 +455,34 @@ def build(
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
 
-    changed = [{"path": c.path, "change": c.kind, "patches": c.patches} for c in layout.carried]
+    result = wheel_result(final, new_version, source_path, source_dist, rdiff, layout)
     if VERSION_MODULE in rewritten and VERSION_MODULE not in carried:
-        changed.append({"path": VERSION_MODULE, "change": "version", "patches": []})
+        result.files.append({"path": VERSION_MODULE, "change": "version", "patches": []})
+    return result
+
+
+def wheel_result(
+    path: Path,
+    new_version: str,
+    source_path: Path,
+    source_dist: index.Distribution,
+    rdiff: release_diff.ReleaseDiff,
+    layout,
+    method: str = "repack",
+) -> WheelResult:
+    """The report of a built wheel: what it is, what it came from, what changed."""
     return WheelResult(
         vllm=rdiff.version,
         version=new_version,
-        path=str(final),
-        sha256=cache.sha256_file(final),
-        size=final.stat().st_size,
+        path=str(path),
+        sha256=cache.sha256_file(path),
+        size=path.stat().st_size,
         source=source_path.name,
         source_sha256=source_dist.sha256 or "",
         series_base=rdiff.series_base,
+        method=method,
         patches=_outcomes(rdiff),
-        files=changed,
+        files=[{"path": c.path, "change": c.kind, "patches": c.patches} for c in layout.carried],
         skipped=[{"path": c.path, "patches": c.patches} for c in layout.skipped],
     )
 

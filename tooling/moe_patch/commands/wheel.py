@@ -8,7 +8,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from .. import cache, release_diff, series
+from .. import release_diff, series
 from .. import wheel as wheels
 from ..errors import PatchFailed, UsageError
 from .apply import apply as apply_tree
@@ -64,17 +64,4 @@ def _precompiled(version, official, dist, rdiff, out_dir, index_url, series_root
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return wheels.WheelResult(
-        vllm=version,
-        version=new_version,
-        path=str(path),
-        sha256=cache.sha256_file(path),
-        size=path.stat().st_size,
-        source=official.name,
-        source_sha256=dist.sha256 or "",
-        series_base=rdiff.series_base,
-        method="precompiled",
-        patches=wheels._outcomes(rdiff),
-        files=[{"path": c.path, "change": c.kind, "patches": c.patches} for c in layout.carried],
-        skipped=[{"path": c.path, "patches": c.patches} for c in layout.skipped],
-    )
+    return wheels.wheel_result(path, new_version, official, dist, rdiff, layout, "precompiled")
