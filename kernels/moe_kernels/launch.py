@@ -55,6 +55,17 @@ def upstream_swap_ab_default(
     )
 
 
+def patched_split_k(use_fp8_w8a8: bool, split_k: int, programs: int, sm_count: int | None) -> int:
+    """The swap-ab patch's ``split_k_for`` rule: a config's SPLIT_K (FP8 only) is
+    honoured while the grid has fewer programs than the GPU has SMs.  Without
+    CUDA (``sm_count`` None: the interpreter) it is always honoured."""
+    if not use_fp8_w8a8 or split_k <= 1:
+        return 1
+    if sm_count is not None and programs >= sm_count:
+        return 1
+    return split_k
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -90,7 +101,8 @@ def invoke_fused_moe_kernel(
     Shapes: ``A (M, K)``, ``B (E, N, K)``, ``C (M, top_k, N)`` (for the second
     GEMM of a layer ``A`` has ``M * topk`` rows, ``top_k=1`` and ``C`` is
     ``(M, topk, N)``).  ``config`` holds ``BLOCK_SIZE_M/N/K``, ``GROUP_SIZE_M`` and
-    optionally ``num_warps`` / ``num_stages``.
+    optionally ``num_warps`` / ``num_stages`` and ``SPLIT_K`` (> 1 only on a
+    kernel that implements it: :attr:`LoadedKernel.has_split_k`).
 
     ``swap_ab``: ``None`` applies upstream's rule (FP8, SM90, BLOCK_SIZE_M < 64 and
     BLOCK_SIZE_N >= 64) when the kernel has ``SWAP_AB``; ``True``/``False`` force
@@ -133,10 +145,20 @@ def invoke_fused_moe_kernel(
     else:
         EM = num_tokens * block_m
     N = B.size(1)
-    grid = (_cdiv(EM, block_m) * _cdiv(N, block_n),)
 
     cfg = dict(config)
     block_k = cfg.pop("BLOCK_SIZE_K")
+    programs = _cdiv(EM, block_m) * _cdiv(N, block_n)
+    split_k = int(cfg.pop("SPLIT_K", 1))
+    if split_k > 1 and not loaded.has_split_k:
+        raise ValueError(f"the kernel in {loaded.tree} does not implement SPLIT_K > 1")
+    sm_count = (
+        torch.cuda.get_device_properties(A.device).multi_processor_count if A.is_cuda else None
+    )
+    split_k = patched_split_k(use_fp8_w8a8, split_k, programs, sm_count)
+    if split_k > 1:
+        C.zero_()  # the K slices add their partial tiles atomically
+    grid = (programs, split_k)
     if block_shape is not None:
         block_k = min(block_k, min(block_shape[0], block_shape[1]))
     launch_opts = {k: cfg.pop(k) for k in list(cfg) if k in LAUNCH_OPTIONS}
@@ -181,7 +203,7 @@ def invoke_fused_moe_kernel(
         "group_k": 0 if block_shape is None else block_shape[1],
         "naive_block_assignment": sorted_token_ids is None,
         "BLOCK_SIZE_K": block_k,
-        "SPLIT_K": 1,
+        "SPLIT_K": split_k,
         "MUL_ROUTED_WEIGHT": mul_routed_weight,
         "top_k": top_k,
         "compute_type": compute_type,

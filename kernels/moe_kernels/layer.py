@@ -45,8 +45,12 @@ def fused_moe_layer(
     naive: bool | None = None,
     swap_ab: bool | None = None,
     extra_args: dict[str, Any] | None = None,
+    assignment: tuple | None = None,
 ) -> LayerRun:
-    """Run the MoE layer; ``hidden`` is ``(M, H)`` in the output dtype (bf16/fp16)."""
+    """Run the MoE layer; ``hidden`` is ``(M, H)`` in the output dtype (bf16/fp16).
+
+    ``assignment`` (sorted ids, expert ids, padded count) reuses an alignment made
+    earlier: the harness aligns on the host side, which a CUDA graph cannot capture."""
     if mode == "block" and block_shape is None:
         block_shape = (128, 128)
     if mode != "block":
@@ -58,9 +62,9 @@ def fused_moe_layer(
     dtype = hidden.dtype
     if naive is None:
         naive = use_naive_block_assignment(M, topk, E)
-    sorted_ids, expert_ids, num_post = prepare_expert_assignment(
-        topk_ids, config["BLOCK_SIZE_M"], E, naive=naive
-    )
+    if assignment is None:
+        assignment = prepare_expert_assignment(topk_ids, config["BLOCK_SIZE_M"], E, naive=naive)
+    sorted_ids, expert_ids, num_post = assignment
     common = dict(
         use_fp8_w8a8=mode != "none",
         per_channel_quant=mode == "channel",

@@ -69,6 +69,13 @@ class LoadedKernel:
     def has_swap_ab(self) -> bool:
         return self.has_param("SWAP_AB")
 
+    @property
+    def has_split_k(self) -> bool:
+        """Whether the kernel splits K over grid axis 1.  Every release declares a
+        ``SPLIT_K`` parameter, but unpatched kernels ignore it (vLLM forces 1)."""
+        function = getattr(self.kernel, "fn", self.kernel)
+        return self.has_param("SPLIT_K") and "program_id(axis=1)" in inspect.getsource(function)
+
     def runtime_non_specialized(self) -> dict[str, tuple[str, ...]]:
         """Parameter names Triton itself treats as ``do_not_specialize`` /
         ``do_not_specialize_on_alignment`` (read back from the JIT object, as a

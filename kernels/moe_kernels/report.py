@@ -45,7 +45,19 @@ def _header(report: dict) -> list[str]:
             f"{m['copies']} weight copies, {m['replays']} replays, median µs per launch; output "
             "poisoned with NaN and checked against a float64 reference first"
         )
+        if "layer_calls_per_graph" in m:
+            lines.append(
+                f"- `layer` rows: the whole MoE layer (both GEMMs, the harness's torch glue for "
+                f"activation quantisation, SiLU-and-mul and the top-k sum, the same for every "
+                f"variant), {m['layer_calls_per_graph']} layers per graph; floor = both GEMMs' floors"
+            )
     return lines
+
+
+def _split_note(row: dict) -> str:
+    """The " splitN" note: K slices the kernel ran (GEMM rows) or was asked for (layer rows)."""
+    split = row.get("split_k") or row["config"].get("SPLIT_K", 1)
+    return f" split{split}" if split > 1 else ""
 
 
 def bench_markdown(report: dict) -> str:
@@ -64,7 +76,7 @@ def bench_markdown(report: dict) -> str:
         "| GEMM | quant | variant | median fraction | worst fraction | geomean speed-up | worst ratio vs best other |"
     )
     out.append("|---|---|---|---|---|---|---|")
-    for gemm in ("up", "down"):
+    for gemm in ("up", "down", "layer"):
         for quant in sorted({k[2] for k in cases}):
             keys = [k for k in cases if k[1] == gemm and k[2] == quant]
             small = [k for k in keys if k[3] <= 64]
@@ -98,6 +110,7 @@ def bench_markdown(report: dict) -> str:
         configs = "; ".join(
             f"{v}: {by[v]['config'].get('BLOCK_SIZE_M')}x{by[v]['config'].get('BLOCK_SIZE_N')}x"
             f"{by[v]['config'].get('BLOCK_SIZE_K')}{' swap' if by[v].get('swap_ab') else ''}"
+            f"{_split_note(by[v])}"
             for v in variants
         )
         out.append(

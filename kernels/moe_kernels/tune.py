@@ -1,10 +1,12 @@
 """Search launch configs for one tree's fused_moe_kernel on the GPU at decode sizes.
 
-For each shape, GEMM, quantisation and M, every candidate config is checked
-against the float64 reference and timed as in :mod:`moe_kernels.bench` (fewer
-replays); the fastest correct one per M is reported, beside the time of the
-tree's own dispatch in the same run.  The result is the raw material for a
-tuned config table in vLLM's JSON format.
+vLLM launches both GEMMs of a MoE layer with the one config its tuned file (or
+default) gives for M, so a config is scored by the sum of its first-GEMM and
+second-GEMM times on the same routing, as vLLM's own ``benchmark_moe`` scores
+the whole ``fused_experts``.  Every candidate is checked against the float64
+reference and timed as in :mod:`moe_kernels.bench` (fewer replays); the tree's
+own dispatch is timed in the same run, and the fastest correct config per M is
+kept.  :mod:`moe_kernels.configs` turns the result into vLLM's JSON files.
 
     python -m moe_kernels.tune --tree 0.21.0+moe=/path --out tune.json
 """
@@ -21,53 +23,107 @@ from pathlib import Path
 import torch
 from triton.runtime.errors import OutOfResources
 
+from .align import max_num_tokens_padded
 from .bench import (
     DEVICE,
     SHAPES,
     Variant,
     environment,
+    gemm_dims,
     make_case,
     make_weights,
     measure_bandwidth,
+    routing,
     time_variant,
 )
 from .loader import load_fused_moe_kernel
 
 DECODE_M = (1, 2, 4, 8, 16, 32, 64)
-TUNE_REPLAYS = 10
+GEMMS = ("up", "down")
+TUNE_REPLAYS = 6
+SM_COUNT_FALLBACK = 132
 
-
-# The search space: wide weight tiles on the MMA's M side, deep K tiles to keep
-# HBM busy, shallow-to-medium pipelines.
-TILE_N = (64, 128, 256)
+# The search space: weight tiles of 64 or 128 rows on the MMA's M side, K tiles
+# deep enough to keep HBM busy, 3-4 stage pipelines, and split-K when the grid
+# alone cannot fill the GPU.
+TILE_N = (64, 128)
 TILE_K = (128, 256)
-WARPS = (4,)
 STAGES = (3, 4)
+SPLITS = (1, 2, 4)
 
 
-def candidates(quant: str, M: int) -> list[dict]:
-    """Swap-AB tiles for decode: 16 or 32 tokens on the MMA's N side."""
-    block_ks = tuple(k for k in TILE_K if k <= 128) if quant == "block" else TILE_K
+def _sm_count() -> int:
+    if DEVICE == "cuda":
+        return torch.cuda.get_device_properties(0).multi_processor_count
+    return SM_COUNT_FALLBACK
+
+
+def _programs(shape, gemm: str, M: int, block_m: int, block_n: int) -> int:
+    """Programs vLLM's launcher starts for one GEMM (its EM bound, as in launch.py)."""
+    rows = M if gemm == "up" else M * shape.topk
+    top_k = shape.topk if gemm == "up" else 1
+    if rows < block_m:
+        em = rows * top_k * block_m
+    else:
+        em = max_num_tokens_padded(M * shape.topk, block_m, shape.experts)
+    return -(-em // block_m) * -(-gemm_dims(shape, gemm)[0] // block_n)
+
+
+def candidates(quant: str, M: int, shape) -> list[dict]:
+    """Swap-AB tiles for decode: 16 or 32 tokens on the MMA's N side.
+
+    Split-K is tried only where the patched launcher honours it (a GEMM whose
+    grid has fewer programs than the GPU has SMs); elsewhere it would time the
+    same launches twice."""
+    block_ks = (128,) if quant == "block" else TILE_K  # one K tile per 128x128 scale block
     block_m = 16 if M <= 16 else 32
-    return [
-        {
-            "BLOCK_SIZE_M": block_m,
-            "BLOCK_SIZE_N": block_n,
-            "BLOCK_SIZE_K": block_k,
-            "GROUP_SIZE_M": 1,
-            "num_warps": warps,
-            "num_stages": stages,
-            "SWAP_AB": True,
-        }
-        for block_n, block_k, warps, stages in itertools.product(TILE_N, block_ks, WARPS, STAGES)
-    ]
+    out = []
+    for block_n, block_k, stages, split_k in itertools.product(TILE_N, block_ks, STAGES, SPLITS):
+        if (
+            split_k > 1
+            and min(_programs(shape, g, M, block_m, block_n) for g in GEMMS) >= _sm_count()
+        ):
+            continue
+        out.append(
+            {
+                "BLOCK_SIZE_M": block_m,
+                "BLOCK_SIZE_N": block_n,
+                "BLOCK_SIZE_K": block_k,
+                "GROUP_SIZE_M": 1,
+                "SPLIT_K": split_k,
+                "num_warps": 4,
+                "num_stages": stages,
+                "SWAP_AB": True,
+            }
+        )
+    return out
+
+
+def _joint(variant, cases, weights, refs, config=None) -> dict | None:
+    """Time one config on both GEMMs; None when it does not fit the SM."""
+    timed = {}
+    try:
+        for gemm in ("up", "down"):
+            timed[gemm] = time_variant(
+                variant, cases[gemm], weights[gemm], refs[gemm], config=config, replays=TUNE_REPLAYS
+            )
+    except OutOfResources:
+        return None
+    return {
+        "config": config if config is not None else timed["up"]["config"],
+        "config_source": timed["up"]["config_source"],
+        "swap_ab": timed["up"]["swap_ab"],
+        "up_us": timed["up"]["us"],
+        "down_us": timed["down"]["us"],
+        "us": timed["up"]["us"] + timed["down"]["us"],
+        "correct": timed["up"]["correct"] and timed["down"]["correct"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", required=True, metavar="LABEL=PATH")
     parser.add_argument("--shape", action="append", choices=sorted(SHAPES))
-    parser.add_argument("--gemm", action="append", choices=["up", "down"])
     parser.add_argument("--quant", action="append", choices=["tensor", "block"])
     parser.add_argument("--M", default=",".join(map(str, DECODE_M)))
     parser.add_argument("--seed", type=int, default=int(time.time()))
@@ -78,69 +134,66 @@ def main(argv: list[str] | None = None) -> int:
     variant = Variant(label, Path(path), load_fused_moe_kernel(Path(path)))
     gen = torch.Generator(device=DEVICE).manual_seed(args.seed)
     bandwidth = measure_bandwidth()
-    best = []
+    results = []
     for shape_name in args.shape or [n for n in SHAPES if n != "tiny-smoke-test"]:
         shape = SHAPES[shape_name]
-        for gemm in args.gemm or ["up", "down"]:
-            for quant in args.quant or ["tensor"]:
-                weights_q = make_weights(shape, gemm, quant, gen)
-                for M in (int(m) for m in args.M.split(",")):
-                    case = make_case(shape, gemm, quant, M, gen)
-                    refs: dict = {}
-                    own = time_variant(variant, case, weights_q, refs, replays=TUNE_REPLAYS)
-                    tried = [own]
-                    for candidate in candidates(quant, M):
-                        try:
-                            tried.append(
-                                time_variant(
-                                    variant,
-                                    case,
-                                    weights_q,
-                                    refs,
-                                    config=candidate,
-                                    replays=TUNE_REPLAYS,
-                                )
-                            )
-                        except OutOfResources:  # the tile does not fit in shared memory
-                            continue
-                    good = [r for r in tried if r["correct"]]
-                    winner = min(good, key=lambda r: r["us"])
-                    best.append(
-                        {
-                            "shape": shape_name,
-                            "gemm": gemm,
-                            "quant": quant,
-                            "M": M,
-                            "dispatch_us": own["us"],
-                            "dispatch_config": own["config"],
-                            "best_us": winner["us"],
-                            "best_config": winner["config"],
-                            "best_swap_ab": winner["swap_ab"],
-                            "tried": len(tried),
-                            "incorrect": len(tried) - len(good),
-                        }
-                    )
-                    print(
-                        f"{shape_name:16s} {gemm:4s} {quant:6s} M={M:<3d} dispatch={own['us']:.1f}us "
-                        f"best={winner['us']:.1f}us {winner['config']}",
-                        flush=True,
-                    )
-                    Path(args.out).write_text(
-                        json.dumps(
-                            {
-                                "command": " ".join(
-                                    ["python", "-m", "moe_kernels.tune", *(argv or sys.argv[1:])]
-                                ),
-                                "environment": environment(),
-                                "bandwidth": bandwidth,
-                                "results": best,
-                            },
-                            indent=1,
-                        )
-                    )
-                del weights_q
+        for quant in args.quant or ["tensor", "block"]:
+            weights = {g: make_weights(shape, g, quant, gen) for g in ("up", "down")}
+            for M in (int(m) for m in args.M.split(",")):
+                route = routing(M, shape, gen)
+                cases = {g: make_case(shape, g, quant, M, gen, route) for g in ("up", "down")}
+                refs: dict = {"up": {}, "down": {}}
+                own = _joint(variant, cases, weights, refs)
+                hit = int(torch.unique(route[0]).numel())
+                tried = [own]
+                for candidate in candidates(quant, M, shape):
+                    timed = _joint(variant, cases, weights, refs, candidate)
+                    if timed is not None:
+                        tried.append(timed)
+                good = [t for t in tried if t["correct"]]
+                winner = min(good, key=lambda t: t["us"])
+                results.append(
+                    {
+                        "shape": shape_name,
+                        "quant": quant,
+                        "M": M,
+                        "experts_hit": hit,
+                        "dispatch": own,
+                        "best": winner,
+                        "tried": len(tried),
+                        "incorrect": len(tried) - len(good),
+                        "all": tried,
+                    }
+                )
+                c = winner["config"]
+                print(
+                    f"{shape_name:16s} {quant:6s} M={M:<3d} dispatch={own['us']:.1f}us "
+                    f"({own['up_us']:.1f}+{own['down_us']:.1f}) best={winner['us']:.1f}us "
+                    f"({winner['up_us']:.1f}+{winner['down_us']:.1f}) "
+                    f"{c['BLOCK_SIZE_M']}x{c['BLOCK_SIZE_N']}x{c['BLOCK_SIZE_K']} "
+                    f"s{c.get('num_stages')} split{c.get('SPLIT_K', 1)}",
+                    flush=True,
+                )
+                _write(args, argv, bandwidth, results)
+            del weights
+            if DEVICE == "cuda":
                 torch.cuda.empty_cache()
+    _write(args, argv, bandwidth, results)
     return 0
+
+
+def _write(args, argv, bandwidth, results) -> None:
+    args.out.write_text(
+        json.dumps(
+            {
+                "command": " ".join(["python", "-m", "moe_kernels.tune", *(argv or sys.argv[1:])]),
+                "environment": environment(),
+                "bandwidth": bandwidth,
+                "results": results,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -79,3 +79,13 @@ def make_routing(M, topk, E, gen, device, n_dead: int = 1):
 def zero_token_experts(topk_ids: torch.Tensor, E: int) -> list[int]:
     counts = torch.bincount(topk_ids.flatten().long(), minlength=E)
     return [e for e in range(E) if counts[e] == 0]
+
+
+def assert_gemm_matches(C: torch.Tensor, ref: torch.Tensor) -> None:
+    """A GEMM output against its exact-input float64 reference: as a whole and row by row."""
+    from moe_kernels.stats import rel_frobenius_error, row_rel_errors
+
+    err = rel_frobenius_error(C, ref)
+    assert err < GEMM_TOL, f"rel. Frobenius error {err:.3e}"
+    worst = float(row_rel_errors(C, ref).max())
+    assert worst < GEMM_ROW_TOL, f"worst row rel. error {worst:.3e}"

@@ -39,3 +39,14 @@ def test_dispatch_reads_the_trees_own_configs(release_trees):
     config, source = config_for(tree, 300, 128, 768, 2048, 8, gpu_name="NVIDIA H200")
     assert source == "default"
     assert config["BLOCK_SIZE_M"] == 64 and config["num_warps"] == 8
+
+
+def test_launch_floor_runs_and_checks_its_sums(tmp_path, monkeypatch):
+    from moe_kernels import launch_floor
+
+    monkeypatch.setattr(launch_floor, "CASES", (("tiny-smoke-test", "up", 1, 2, 64, 2),))
+    out = tmp_path / "floor.json"
+    assert launch_floor.main(["--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["programs"] == 2 * 4 * 2  # experts x N / BLOCK_SIZE_N x SPLIT_K
+    assert row["bytes"] > 0 and row["read_us"] > 0 and row["empty_us"] > 0

@@ -130,7 +130,9 @@ def where_it_fails(patch: Patch, errors: str) -> str:
 
 
 def am(tree: Path, patch: Patch, three_way: bool) -> bool:
-    args = ["am", "-q", "--committer-date-is-author-date", "--keep-cr"]
+    # --keep: export writes subjects without a "[PATCH]" prefix (format-patch -k), so
+    # mailinfo must not "clean" them either (it would eat a subject like ":").
+    args = ["am", "-q", "--keep", "--committer-date-is-author-date", "--keep-cr"]
     if three_way:
         args.append("-3")
     try:

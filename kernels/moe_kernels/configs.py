@@ -1,0 +1,142 @@
+"""Turn :mod:`moe_kernels.tune` results into vLLM's tuned-config JSON files.
+
+For each model shape and quantisation the file is the one vLLM looks up on an
+H200 (``E=..,N=..,device_name=NVIDIA_H200,dtype=fp8_w8a8[,block_shape=[128,128]].json``,
+named by the tree's own ``get_config_file_name``):
+
+* a file the tree already ships keeps every entry, except the token counts
+  where the search found a config faster than the shipped one by more than
+  ``MIN_GAIN`` (the noise of the search, measured in the same run);
+* a new file holds the searched token counts (the winner, or the tree's
+  default when nothing beat it by ``MIN_GAIN``) and, for larger batches,
+  the tree's own default at vLLM's usual batch sizes, so the file changes
+  nothing where nothing was measured.
+
+Entries are in vLLM's format; ``SPLIT_K`` appears only when it is above 1, and
+``SWAP_AB`` only when it differs from the launcher's rule.
+
+    python -m moe_kernels.configs --tree /path/to/vllm tune.json [...] --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .bench import SHAPES
+from .dispatch import _selection
+from .loader import FUSED_MOE_REL
+
+MIN_GAIN = 0.03
+GPU_NAME = "NVIDIA H200"
+# Batch sizes vLLM's benchmark_moe tunes beyond the decode range searched here.
+LARGER_M = (96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+ENTRY_KEYS = (
+    "BLOCK_SIZE_M",
+    "BLOCK_SIZE_N",
+    "BLOCK_SIZE_K",
+    "GROUP_SIZE_M",
+    "num_warps",
+    "num_stages",
+)
+BLOCK_SHAPE = [128, 128]
+
+
+def swap_rule(entry: dict) -> bool:
+    """The patched launcher's Swap-AB rule for FP8 on SM90."""
+    return entry["BLOCK_SIZE_M"] < 64 <= entry["BLOCK_SIZE_N"]
+
+
+def vllm_entry(config: dict, swap_ab: bool | None = None) -> dict:
+    entry = {key: config[key] for key in ENTRY_KEYS if key in config}
+    if config.get("SPLIT_K", 1) > 1:
+        entry["SPLIT_K"] = config["SPLIT_K"]
+    swap = config.get("SWAP_AB", swap_ab)
+    if swap is not None and bool(swap) != swap_rule(entry):
+        entry["SWAP_AB"] = bool(swap)
+    return entry
+
+
+def load_results(paths: list[Path]) -> dict[tuple[str, str, int], dict]:
+    """(shape, quant, M) -> result row; a later file wins over an earlier one."""
+    rows = {}
+    for path in paths:
+        for row in json.loads(path.read_text())["results"]:
+            rows[(row["shape"], row["quant"], row["M"])] = row
+    return rows
+
+
+def chosen(row: dict) -> tuple[dict | None, str]:
+    """The config to ship for one searched M (None: keep the tree's own), and why."""
+    own, best = row["dispatch"], row["best"]
+    if best["us"] > (1 - MIN_GAIN) * own["us"]:
+        return None, f"own {own['us']:.1f} us; best {best['us']:.1f} us is within {MIN_GAIN:.0%}"
+    return vllm_entry(best["config"]), f"{best['us']:.1f} us vs own {own['us']:.1f} us"
+
+
+def _default(ns: dict, shape, block: list[int] | None, M: int) -> dict:
+    """The tree's own default config for M, as a table entry."""
+    config = ns["get_default_config"](
+        M, shape.experts, shape.intermediate, shape.hidden, shape.topk, "fp8_w8a8", block
+    )
+    return vllm_entry(config)
+
+
+def build_files(tree: Path, rows: dict) -> dict[str, tuple[dict, bool, list[str]]]:
+    """File name -> (table, ends with newline, log lines)."""
+    ns = _selection(str(tree), GPU_NAME, None)
+    configs_dir = tree / FUSED_MOE_REL.parent / "configs"
+    files = {}
+    for shape_name, quant in sorted({(s, q) for s, q, _ in rows}):
+        shape = SHAPES[shape_name]
+        block = BLOCK_SHAPE if quant == "block" else None
+        name = ns["get_config_file_name"](shape.experts, shape.intermediate, "fp8_w8a8", block)
+        shipped = configs_dir / name
+        log = []
+        if shipped.exists():
+            text = shipped.read_text()
+            table, newline = json.loads(text), text.endswith("\n")
+        else:
+            table, newline = {}, True
+
+        searched = sorted(M for s, q, M in rows if (s, q) == (shape_name, quant))
+        for M in searched:
+            entry, why = chosen(rows[(shape_name, quant, M)])
+            if entry is not None:
+                table[str(M)] = entry
+            elif not shipped.exists():
+                table[str(M)] = _default(ns, shape, block, M)
+            log.append(f"M={M}: {'tuned' if entry else 'kept'} ({why})")
+        if not shipped.exists():
+            for M in LARGER_M:
+                table[str(M)] = _default(ns, shape, block, M)
+        table = dict(
+            sorted(
+                table.items(),
+                key=lambda kv: (kv[0] != "triton_version", int(kv[0]) if kv[0].isdigit() else 0),
+            )
+        )
+        files[name] = (table, newline, log)
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tree", type=Path, required=True, help="the vLLM tree the files are for")
+    parser.add_argument("results", type=Path, nargs="+", help="moe_kernels.tune JSON files")
+    parser.add_argument("--out", type=Path, required=True, help="the tree's configs folder, say")
+    args = parser.parse_args(argv)
+    files = build_files(args.tree, load_results(args.results))
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, (table, newline, log) in files.items():
+        (args.out / name).write_text(json.dumps(table, indent=4) + ("\n" if newline else ""))
+        print(name)
+        for line in log:
+            print("   ", line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The swap-ab patch's H200 config tables and split-K rule, checked against their sources.
+
+* The JSON files the patch ships are what ``moe_kernels.configs`` makes from the
+  committed search (kernels/results/h200-tune-joint.json) on the unpatched
+  release: the table is reproducible from the measurements, byte for byte.
+* ``moe_kernels.configs`` keeps shipped entries unless a search beat them by
+  more than its noise margin, and fills new files with the tree's defaults.
+* The harness's split-K rule is the patch's own ``split_k_for``, run from the
+  patched tree's source.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from moe_kernels import configs
+from moe_kernels.launch import patched_split_k
+from moe_kernels.loader import FUSED_MOE_REL
+
+RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results" / "h200-tune-joint.json"
+CONFIGS_REL = FUSED_MOE_REL.parent / "configs"
+
+
+def test_shipped_tables_are_the_committed_search(release_trees, tmp_path):
+    base, patched = release_trees("0.21.0"), release_trees("0.21.0+moe")
+    files = configs.build_files(base, configs.load_results([RESULTS]))
+    assert len(files) == 8  # four shapes, per-tensor and block
+    for name, (table, newline, _log) in files.items():
+        shipped = (patched / CONFIGS_REL / name).read_text()
+        assert shipped == json.dumps(table, indent=4) + ("\n" if newline else ""), name
+
+
+def _row(shape, quant, M, own_us, best_us, best_config):
+    own = {"us": own_us, "config": {"BLOCK_SIZE_M": 64}}
+    return {
+        "shape": shape,
+        "quant": quant,
+        "M": M,
+        "dispatch": own,
+        "best": {"us": best_us, "config": best_config},
+    }
+
+
+SWAP_TILE = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 64,
+    "BLOCK_SIZE_K": 128,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 3,
+    "SWAP_AB": True,
+}
+
+
+def test_tables_keep_what_the_search_did_not_beat(release_trees):
+    tree = release_trees("0.21.0")
+    rows = {
+        # Mixtral per-tensor: 0.21.0 ships an H200 table
+        ("mixtral-8x7b", "tensor", 1): _row("mixtral-8x7b", "tensor", 1, 100.0, 80.0,
+                                            {**SWAP_TILE, "SPLIT_K": 4}),
+        ("mixtral-8x7b", "tensor", 2): _row("mixtral-8x7b", "tensor", 2, 100.0, 98.0, SWAP_TILE),
+        # Qwen3-30B per-tensor: no table in 0.21.0, so the file is new
+        ("qwen3-30b-a3b", "tensor", 8): _row("qwen3-30b-a3b", "tensor", 8, 50.0, 49.5, SWAP_TILE),
+    }  # fmt: skip
+    files = configs.build_files(tree, rows)
+    mixtral_name = "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"
+    shipped = json.loads((tree / CONFIGS_REL / mixtral_name).read_text())
+    table, _, log = files[mixtral_name]
+    # M=1 beat the shipped entry by 20%: replaced; SWAP_AB follows the rule, so it is left out
+    assert table["1"] == {k: v for k, v in SWAP_TILE.items() if k != "SWAP_AB"} | {"SPLIT_K": 4}
+    # M=2 was within the noise margin: the shipped entry stays, as does every other one
+    assert {k: v for k, v in table.items() if k != "1"} == {
+        k: v for k, v in shipped.items() if k != "1"
+    }
+    assert log[1].startswith("M=2: kept")
+
+    qwen_name = "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"
+    table, newline, _ = files[qwen_name]
+    assert newline and not (tree / CONFIGS_REL / qwen_name).exists()
+    ns = configs._selection(str(tree), configs.GPU_NAME, None)
+    for M in (8, *configs.LARGER_M):
+        default = ns["get_default_config"](M, 128, 768, 2048, 8, "fp8_w8a8", None)
+        assert table[str(M)] == configs.vllm_entry(default), M
+    assert "SPLIT_K" not in table["8"]  # a default's SPLIT_K of 1 is not written
+
+
+def _patch_split_k_for(tree: Path, sm_count: int):
+    source = (tree / FUSED_MOE_REL).read_text()
+    node = next(
+        n
+        for n in ast.parse(source).body
+        if isinstance(n, ast.FunctionDef) and n.name == "split_k_for"
+    )
+    namespace = {
+        "torch": SimpleNamespace(device=object),
+        "current_platform": SimpleNamespace(num_compute_units=lambda device_id=0: sm_count),
+    }
+    exec(
+        compile(ast.get_source_segment(source, node), str(tree / FUSED_MOE_REL), "exec"), namespace
+    )
+    return namespace["split_k_for"]
+
+
+@pytest.mark.parametrize("sm_count", [78, 132])
+def test_harness_split_rule_is_the_patchs(release_trees, sm_count):
+    split_k_for = _patch_split_k_for(release_trees("0.21.0+moe"), sm_count)
+    device = SimpleNamespace(index=0)
+    for fp8 in (False, True):
+        for split_k in (1, 2, 4):
+            for programs in (1, 64, sm_count - 1, sm_count, 896):
+                want = split_k_for(fp8, split_k, programs, device)
+                assert patched_split_k(fp8, split_k, programs, sm_count) == want
+    assert split_k_for(True, 4, sm_count - 1, device) == 4
+    assert split_k_for(True, 4, sm_count, device) == 1

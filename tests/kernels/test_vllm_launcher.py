@@ -1,0 +1,117 @@
+"""The patched release's own launcher, ``invoke_fused_moe_triton_kernel``, run as shipped.
+
+The harness launches kernels through its mirror (``moe_kernels.launch``); this test
+runs the vLLM function itself, cut out of the patched tree with :mod:`ast` together
+with ``use_swap_ab`` and ``split_k_for``, against stand-ins for ``current_platform``
+(its SM count and SM90 flag are the test's parameters).  It checks what only the
+real launcher does for split-K: zero the output, give the grid its second axis,
+honour SPLIT_K only while the grid is smaller than the GPU, and get the product
+right either way.  On CPU it runs in Triton's interpreter with fp16 output (the
+interpreter has no bf16 atomics); on CUDA with bf16.
+"""
+
+from __future__ import annotations
+
+import ast
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from moe_kernels import interpreter_compat, load_fused_moe_kernel, quantize_weights
+from moe_kernels.align import prepare_expert_assignment
+from moe_kernels.launch import compute_type_for
+from moe_kernels.loader import FUSED_MOE_REL
+from moe_kernels.quant import quantize_activations
+from moe_kernels.reference import ref_fp8_moe_gemm
+from moe_testdata import assert_gemm_matches, make_activations, make_routing, make_weights
+
+LAUNCHER_FUNCTIONS = ("use_swap_ab", "split_k_for", "invoke_fused_moe_triton_kernel")
+E, K, N, M, TOPK = 8, 256, 192, 3, 2
+CONFIG = {
+    "BLOCK_SIZE_M": 16,
+    "BLOCK_SIZE_N": 64,
+    "BLOCK_SIZE_K": 64,
+    "GROUP_SIZE_M": 1,
+    "SPLIT_K": 3,  # 4 K tiles over 3 slices: the last one is empty
+    "num_warps": 4,
+    "num_stages": 2,
+}
+
+
+class _RecordingKernel:
+    """``fused_moe_kernel`` that remembers the grid each launch resolved to."""
+
+    def __init__(self, kernel):
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.grids.append(grid(kwargs) if callable(grid) else grid)
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def _launcher(tree, sm_count: int, sm90: bool):
+    source = (tree / FUSED_MOE_REL).read_text()
+    found = {
+        n.name: ast.get_source_segment(source, n)
+        for n in ast.parse(source).body
+        if isinstance(n, ast.FunctionDef) and n.name in LAUNCHER_FUNCTIONS
+    }
+    assert set(found) == set(LAUNCHER_FUNCTIONS), (
+        f"{tree} lacks {set(LAUNCHER_FUNCTIONS) - set(found)}"
+    )
+    kernel = _RecordingKernel(load_fused_moe_kernel(tree).kernel)
+    platform = SimpleNamespace(
+        is_cuda=lambda: sm90,
+        is_device_capability=lambda capability: sm90 and capability == 90,
+        num_compute_units=lambda device_id=0: sm_count,
+    )
+    namespace: dict[str, Any] = {
+        "Any": Any, "torch": torch, "triton": triton, "tl": tl,
+        "current_platform": platform, "fused_moe_kernel": kernel,
+    }  # fmt: skip
+    code = "\n\n".join(found[name] for name in LAUNCHER_FUNCTIONS)
+    exec(compile(code, str(tree / FUSED_MOE_REL), "exec"), namespace)
+    return namespace["invoke_fused_moe_triton_kernel"], kernel
+
+
+@pytest.mark.parametrize("sm90", [False, True], ids=["noswap", "swap"])
+@pytest.mark.parametrize("sm_count", [132, 4], ids=["grid-below-SMs", "grid-fills-SMs"])
+@pytest.mark.parametrize("mode", ["tensor", "block"])
+def test_patched_launcher_splits_k(release_trees, mode, sm_count, sm90, gen, device):
+    invoke, kernel = _launcher(release_trees("0.21.0+moe"), sm_count, sm90)
+    if device.type == "cpu":
+        interpreter_compat.apply()
+    out_dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    block_shape = [128, 128] if mode == "block" else None
+    w = make_weights(E, N, K, gen, device)
+    a = make_activations(M, K, gen, device)
+    ids, tw = make_routing(M, TOPK, E, gen, device)
+    bq, bs = quantize_weights(w, mode, block_shape)
+    a_q, a_s = quantize_activations(a, mode, block_shape)
+    sorted_ids, expert_ids, num_post = prepare_expert_assignment(
+        ids, CONFIG["BLOCK_SIZE_M"], E, naive=False
+    )
+    C = torch.full((M, TOPK, N), float("nan"), dtype=out_dtype, device=device)
+    invoke(
+        a_q, bq, C, a_s, bs, tw, sorted_ids, expert_ids, num_post, True, TOPK, dict(CONFIG),
+        compute_type_for(out_dtype), use_fp8_w8a8=True, use_int8_w8a8=False,
+        use_int8_w8a16=False, use_int4_w4a16=False, per_channel_quant=False,
+        block_shape=block_shape,
+    )  # fmt: skip
+
+    (grid,) = kernel.grids
+    programs = grid[0]
+    assert programs < 132, "the case must be one the rule lets split on a 132-SM GPU"
+    assert grid[1] == (CONFIG["SPLIT_K"] if sm_count > programs else 1)
+    assert not C.isnan().any(), "every row must be written (zeroed first when split)"
+    ref = ref_fp8_moe_gemm(
+        a_q, a_s, bq, bs, ids, mode, topk_weights=tw, mul_routed_weight=True,
+        block_shape=block_shape,
+    )  # fmt: skip
+    assert_gemm_matches(C, ref)
