@@ -20,11 +20,29 @@ from wheel_support import pip_install, record_problems, zip_record_problems
 pytestmark = [pytest.mark.release, pytest.mark.network]
 
 VERSION = "0.21.0"
-PATCHED = [
-    "vllm/envs.py",
-    "vllm/model_executor/layers/fused_moe/fused_moe.py",
-    "vllm/model_executor/layers/fused_moe/oracle/fp8.py",
-]
+_CONFIGS = "vllm/model_executor/layers/fused_moe/configs/"
+# Files the series changes in 0.21.0: code, and swap-ab's H200 tables (three of
+# them replace entries of tables vLLM ships, five are new).
+PATCHED = sorted(
+    [
+        "vllm/envs.py",
+        "vllm/model_executor/layers/fused_moe/fused_moe.py",
+        "vllm/model_executor/layers/fused_moe/oracle/fp8.py",
+        _CONFIGS + "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
+        _CONFIGS + "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
+        _CONFIGS + "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
+    ]
+)
+ADDED = sorted(
+    _CONFIGS + name
+    for name in (
+        "E=128,N=1536,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
+        "E=128,N=1536,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
+        "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
+        "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
+        "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
+    )
+)
 WARM_LIMIT_S = 60
 
 
@@ -52,6 +70,7 @@ def test_warm_build_is_fast_and_named_right(built):
     )
     assert [p["status"] for p in first.patches] == ["applied", "applied", "applied"]
     assert sorted(f["path"] for f in first.files if f["change"] == "modified") == PATCHED
+    assert sorted(f["path"] for f in first.files if f["change"] == "added") == ADDED
 
 
 def test_same_inputs_give_the_same_bytes(built):
