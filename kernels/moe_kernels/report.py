@@ -60,6 +60,40 @@ def _split_note(row: dict) -> str:
     return f" split{split}" if split > 1 else ""
 
 
+def _fixed_cost_section(cases: dict) -> list[str]:
+    """Time above the floor of the fastest variant at M <= 2, per case: a cost every
+    launch pays whatever its bytes, which caps the fraction of the floor reachable."""
+    rows = []
+    for key, by in cases.items():
+        if key[3] <= 2 and key[1] != "layer":
+            best = min(by.values(), key=lambda r: r["us"])
+            rows.append((best["us"] - best["floor_us"], best["floor_us"], key))
+    if not rows:
+        return []
+    excess = sorted(e for e, _, _ in rows)
+    lowest = excess[0]
+    out = [
+        "",
+        "## Time above the floor at M ≤ 2 (fastest variant per case)",
+        "",
+        f"Over {len(rows)} cases the fastest kernel spends {lowest:.1f}–{excess[-1]:.1f} µs "
+        f"(median {statistics.median(excess):.1f}) above the floor, whether the floor is "
+        f"{min(f for _, f, _ in rows):.1f} µs or {max(f for _, f, _ in rows):.1f} µs: the excess "
+        "does not grow with the bytes, so it acts as a cost per launch. With the smallest of them, a GEMM with floor F reaches at most "
+        f"F / (F + {lowest:.1f}) of it: 0.80 needs F ≥ {4 * lowest:.0f} µs, 0.95 needs "
+        f"F ≥ {19 * lowest:.0f} µs.",
+        "",
+        "| shape | GEMM | quant | M | floor µs | fastest µs | above floor µs | bound F / (F + min) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for e, floor, key in sorted(rows, key=lambda r: r[1]):
+        out.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {floor:.1f} | {floor + e:.1f} | "
+            f"{e:.1f} | {floor / (floor + lowest):.2f} |"
+        )
+    return out
+
+
 def bench_markdown(report: dict) -> str:
     rows = [r for r in report["rows"] if r["shape"] not in SKIP_SHAPES]
     variants = list(report["variants"])
@@ -93,6 +127,7 @@ def bench_markdown(report: dict) -> str:
                     f"| {gemm} | {quant} | `{v}` | {statistics.median(fractions):.3f} | "
                     f"{min(fractions):.3f} | {_geomean(speedups):.3f}× | {max(others):.3f} |"
                 )
+    out += _fixed_cost_section(cases)
     out += ["", "## Every measurement (µs per call; fraction of floor in brackets)", ""]
     out.append(
         "| shape | GEMM | quant | M | "

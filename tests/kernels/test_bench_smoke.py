@@ -8,9 +8,12 @@ against the float64 reference and the JSON report are all exercised.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
 from moe_kernels import bench
 from moe_kernels.dispatch import config_for
+from moe_kernels.report import _fixed_cost_section, bench_markdown
 
 
 def test_bench_runs_and_checks_every_variant(release_trees, tmp_path):
@@ -50,3 +53,29 @@ def test_launch_floor_runs_and_checks_its_sums(tmp_path, monkeypatch):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["programs"] == 2 * 4 * 2  # experts x N / BLOCK_SIZE_N x SPLIT_K
     assert row["bytes"] > 0 and row["read_us"] > 0 and row["empty_us"] > 0
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results"
+
+
+@pytest.mark.parametrize(
+    "name", ["h200-series-bench", "h200-series-layer-bench", "h200-baseline-bench"]
+)
+def test_committed_markdown_is_what_its_json_says(name):
+    report = json.loads((RESULTS / f"{name}.json").read_text())
+    assert bench_markdown(report) == (RESULTS / f"{name}.md").read_text()
+
+
+def test_fixed_cost_section_bounds_the_fraction():
+    def row(variant, us, floor):
+        return {"variant": variant, "us": us, "floor_us": floor}
+
+    cases = {
+        ("s", "up", "tensor", 1): {"a": row("a", 6.0, 2.0), "b": row("b", 5.0, 2.0)},
+        ("s", "down", "tensor", 2): {"a": row("a", 20.0, 12.0), "b": row("b", 22.0, 12.0)},
+        ("s", "up", "tensor", 8): {"a": row("a", 90.0, 10.0), "b": row("b", 95.0, 10.0)},
+    }
+    text = "\n".join(_fixed_cost_section(cases))
+    assert "Over 2 cases" in text and "3.0–8.0 µs" in text  # M = 8 is left out
+    assert "F / (F + 3.0)" in text and "0.80 needs F ≥ 12 µs" in text
+    assert "| s | up | tensor | 1 | 2.0 | 5.0 | 3.0 | 0.40 |" in text
