@@ -18,12 +18,30 @@ _QUIET_ENV = {
 }
 
 
+# No automatic gc / maintenance after our commands: git would detach it into the
+# background, where it repacks a tree moe-patch may be removing (rebase --abort
+# failed with ENOENT that way) and spends the user's CPU after we have returned.
+_NO_AUTO_MAINTENANCE = (("gc.auto", "0"), ("maintenance.auto", "false"))
+
+
+def _with_config(env: dict[str, str], pairs) -> dict[str, str]:
+    """Add ``pairs`` through GIT_CONFIG_COUNT/KEY/VALUE, after any the caller set."""
+    count = int(env.get("GIT_CONFIG_COUNT") or 0)
+    for key, value in pairs:
+        env[f"GIT_CONFIG_KEY_{count}"] = key
+        env[f"GIT_CONFIG_VALUE_{count}"] = value
+        count += 1
+    env["GIT_CONFIG_COUNT"] = str(count)
+    return env
+
+
 def run(cwd: Path | str, *args: str, env: dict[str, str] | None = None, **kwargs) -> str:
     """``git ARGS`` in ``cwd``; raises :class:`git.GitCommandError` on failure."""
     full_env = dict(os.environ)
     full_env.update(_QUIET_ENV)
     if env:
         full_env.update(env)
+    _with_config(full_env, _NO_AUTO_MAINTENANCE)
     return git.Git(str(cwd)).execute(["git", *args], env=full_env, **kwargs)
 
 
