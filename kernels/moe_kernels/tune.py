@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
 from .align import max_num_tokens_padded
@@ -43,7 +44,8 @@ GEMMS = ("up", "down")
 TUNE_REPLAYS = 6
 SM_COUNT_FALLBACK = 132
 
-# The search space: weight tiles of 64 or 128 rows on the MMA's M side, K tiles
+# The search space: weight tiles of 64 or 128 rows on the MMA's M side, 8 to 32
+# tokens on its N side (token_tiles), K tiles
 # deep enough to keep HBM busy, 3-4 stage pipelines, and split-K when the grid
 # alone cannot fill the GPU.
 TILE_N = (64, 128)
@@ -69,16 +71,25 @@ def _programs(shape, gemm: str, M: int, block_m: int, block_n: int) -> int:
     return -(-em // block_m) * -(-gemm_dims(shape, gemm)[0] // block_n)
 
 
+def token_tiles(M: int) -> tuple[int, ...]:
+    """BLOCK_SIZE_M values worth trying: the tokens sit on the MMA's N side, which
+    wgmma allows down to 8, so at M <= 8 an 8-token tile wastes less than 16."""
+    if M <= 8:
+        return (8, 16)
+    return (16,) if M <= 16 else (32,)
+
+
 def candidates(quant: str, M: int, shape) -> list[dict]:
-    """Swap-AB tiles for decode: 16 or 32 tokens on the MMA's N side.
+    """Swap-AB tiles for decode: 8 to 32 tokens on the MMA's N side.
 
     Split-K is tried only where the patched launcher honours it (a GEMM whose
     grid has fewer programs than the GPU has SMs); elsewhere it would time the
     same launches twice."""
     block_ks = (128,) if quant == "block" else TILE_K  # one K tile per 128x128 scale block
-    block_m = 16 if M <= 16 else 32
     out = []
-    for block_n, block_k, stages, split_k in itertools.product(TILE_N, block_ks, STAGES, SPLITS):
+    for block_m, block_n, block_k, stages, split_k in itertools.product(
+        token_tiles(M), TILE_N, block_ks, STAGES, SPLITS
+    ):
         if (
             split_k > 1
             and min(_programs(shape, g, M, block_m, block_n) for g in GEMMS) >= _sm_count()
@@ -100,14 +111,14 @@ def candidates(quant: str, M: int, shape) -> list[dict]:
 
 
 def _joint(variant, cases, weights, refs, config=None) -> dict | None:
-    """Time one config on both GEMMs; None when it does not fit the SM."""
+    """Time one config on both GEMMs; None when it does not fit the SM or does not compile."""
     timed = {}
     try:
         for gemm in ("up", "down"):
             timed[gemm] = time_variant(
                 variant, cases[gemm], weights[gemm], refs[gemm], config=config, replays=TUNE_REPLAYS
             )
-    except OutOfResources:
+    except (OutOfResources, CompilationError):  # too big for the SM, or a tile Triton rejects
         return None
     return {
         "config": config if config is not None else timed["up"]["config"],

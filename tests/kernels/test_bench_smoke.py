@@ -79,3 +79,23 @@ def test_fixed_cost_section_bounds_the_fraction():
     assert "Over 2 cases" in text and "3.0–8.0 µs" in text  # M = 8 is left out
     assert "F / (F + 3.0)" in text and "0.80 needs F ≥ 12 µs" in text
     assert "| s | up | tensor | 1 | 2.0 | 5.0 | 3.0 | 0.40 |" in text
+
+
+def test_tune_scores_both_gemms_against_the_trees_own_dispatch(
+    release_trees, tmp_path, monkeypatch
+):
+    from moe_kernels import tune
+
+    # One tile shape per token tile, no split: the interpreter has no bf16 atomics.
+    for name, values in {"TILE_N": (64,), "TILE_K": (128,), "STAGES": (3,), "SPLITS": (1,)}.items():
+        monkeypatch.setattr(tune, name, values)
+    out = tmp_path / "tune.json"
+    tree = release_trees("0.21.0+moe")
+    args = [f"--tree=x={tree}", "--shape", "tiny-smoke-test", "--quant", "tensor", "--M", "1"]
+    assert tune.main([*args, "--out", str(out)]) == 0
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["tried"] == 1 + len(tune.token_tiles(1)) and result["incorrect"] == 0
+    for timed in result["all"]:
+        assert timed["correct"] and timed["us"] == timed["up_us"] + timed["down_us"]
+    assert result["best"]["us"] == min(t["us"] for t in result["all"])
+    assert result["dispatch"]["config_source"] == "default"
