@@ -55,6 +55,19 @@ def upstream_swap_ab_default(
     )
 
 
+def token_rows_launched(rows: int, top_k: int, block_m: int, sorted_len: int | None) -> int:
+    """vLLM's ``EM``: padded token rows the grid covers, for ``rows`` rows of A.
+
+    ``sorted_len`` is the length of ``sorted_token_ids`` (None: the naive
+    one-token-per-block path)."""
+    if sorted_len is None:
+        return rows * top_k * block_m
+    if rows < block_m:
+        # upstream's small-batch shortcut: at most rows * top_k non-empty blocks
+        return min(sorted_len, rows * top_k * block_m)
+    return sorted_len
+
+
 def patched_split_k(use_fp8_w8a8: bool, split_k: int, programs: int, sm_count: int | None) -> int:
     """The swap-ab patch's ``split_k_for`` rule: a config's SPLIT_K (FP8 only) is
     honoured while the grid has fewer programs than the GPU has SMs.  Without
@@ -137,13 +150,8 @@ def invoke_fused_moe_kernel(
     block_n = config["BLOCK_SIZE_N"]
     M = A.size(0)
     num_tokens = M * top_k
-    if sorted_token_ids is not None:
-        EM = sorted_token_ids.size(0)
-        if M < block_m:
-            # upstream's small-batch shortcut: at most M * top_k non-empty blocks
-            EM = min(EM, M * top_k * block_m)
-    else:
-        EM = num_tokens * block_m
+    sorted_len = None if sorted_token_ids is None else sorted_token_ids.size(0)
+    EM = token_rows_launched(M, top_k, block_m, sorted_len)
     N = B.size(1)
 
     cfg = dict(config)

@@ -24,7 +24,7 @@ import torch
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
-from .align import max_num_tokens_padded
+from .align import max_num_tokens_padded, use_naive_block_assignment
 from .bench import (
     DEVICE,
     SHAPES,
@@ -37,6 +37,7 @@ from .bench import (
     routing,
     time_variant,
 )
+from .launch import token_rows_launched
 from .loader import load_fused_moe_kernel
 
 DECODE_M = (1, 2, 4, 8, 16, 32, 64)
@@ -45,9 +46,8 @@ TUNE_REPLAYS = 6
 SM_COUNT_FALLBACK = 132
 
 # The search space: weight tiles of 64 or 128 rows on the MMA's M side, 8 to 32
-# tokens on its N side (token_tiles), K tiles
-# deep enough to keep HBM busy, 3-4 stage pipelines, and split-K when the grid
-# alone cannot fill the GPU.
+# tokens on its N side (token_tiles), K tiles deep enough to keep HBM busy,
+# 3-4 stage pipelines, and split-K when the grid alone cannot fill the GPU.
 TILE_N = (64, 128)
 TILE_K = (128, 256)
 STAGES = (3, 4)
@@ -61,13 +61,12 @@ def _sm_count() -> int:
 
 
 def _programs(shape, gemm: str, M: int, block_m: int, block_n: int) -> int:
-    """Programs vLLM's launcher starts for one GEMM (its EM bound, as in launch.py)."""
+    """Programs vLLM's launcher starts for one GEMM of the layer at M tokens."""
     rows = M if gemm == "up" else M * shape.topk
     top_k = shape.topk if gemm == "up" else 1
-    if rows < block_m:
-        em = rows * top_k * block_m
-    else:
-        em = max_num_tokens_padded(M * shape.topk, block_m, shape.experts)
+    naive = use_naive_block_assignment(M, shape.topk, shape.experts)
+    sorted_len = None if naive else max_num_tokens_padded(M * shape.topk, block_m, shape.experts)
+    em = token_rows_launched(rows, top_k, block_m, sorted_len)
     return -(-em // block_m) * -(-gemm_dims(shape, gemm)[0] // block_n)
 
 
