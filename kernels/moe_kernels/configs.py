@@ -49,11 +49,13 @@ def swap_rule(entry: dict) -> bool:
     return entry["BLOCK_SIZE_M"] < 64 <= entry["BLOCK_SIZE_N"]
 
 
-def vllm_entry(config: dict, swap_ab: bool | None = None) -> dict:
+def vllm_entry(config: dict) -> dict:
+    """A launch config as a table entry: vLLM's keys, SPLIT_K only above 1, SWAP_AB
+    only where it overrides the launcher's rule."""
     entry = {key: config[key] for key in ENTRY_KEYS if key in config}
     if config.get("SPLIT_K", 1) > 1:
         entry["SPLIT_K"] = config["SPLIT_K"]
-    swap = config.get("SWAP_AB", swap_ab)
+    swap = config.get("SWAP_AB")
     if swap is not None and bool(swap) != swap_rule(entry):
         entry["SWAP_AB"] = bool(swap)
     return entry
