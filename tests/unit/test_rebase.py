@@ -236,3 +236,52 @@ def test_onto_a_release_cloned_with_git(fake_index, series_root, tmp_path):
         "rebase", "--onto", "1.6.0", "--git", "x", "--source", ".", "--into", str(tmp_path / "v")
     )
     assert both.exit_code == 2 and "not both" in both.stderr
+
+
+def test_a_tree_killed_before_its_state_was_written_is_started_again(
+    fake_index, series_root, tmp_path
+):
+    """Killed after the new tree was moved to --into but before state.json: the tree
+    carries the rebase's mark from before the move, so the next run replaces it."""
+    from moe_patch import rebase, sources
+
+    fake_index.add("1.0.0")
+    add_release(fake_index, "1.1.0")
+    into = tmp_path / "work"
+    sources.from_cache("1.1.0", into, None, mark=lambda tree: rebase._state_dir(tree).mkdir())
+    result = run("rebase", "--onto", "1.1.0", "--into", str(into))
+    assert result.exit_code == 0, result.output
+    assert git(into, "rev-parse", "--abbrev-ref", "HEAD") == "moe-patch/v1.1.0"
+
+
+def test_rebase_marks_its_tree_before_moving_it_into_place(
+    fake_index, series_root, tmp_path, monkeypatch
+):
+    from moe_patch import rebase, sources
+
+    fake_index.add("1.0.0")
+    add_release(fake_index, "1.1.0")
+    marked_at_move = []
+    move = sources._move_into_place
+
+    def watched(tmp, into):
+        marked_at_move.append(rebase._state_dir(tmp).is_dir())
+        move(tmp, into)
+
+    monkeypatch.setattr(sources, "_move_into_place", watched)
+    result = run("rebase", "--onto", "1.1.0", "--into", str(tmp_path / "work"))
+    assert result.exit_code == 0, result.output
+    assert marked_at_move == [True]
+
+
+def test_an_unmarked_foreign_tree_is_refused(fake_index, series_root, tmp_path):
+    from moe_patch import sources
+
+    fake_index.add("1.0.0")
+    add_release(fake_index, "1.1.0")
+    into = tmp_path / "work"
+    sources.from_cache("1.1.0", into, None)
+    before = tree_digest(into)
+    result = run("rebase", "--onto", "1.1.0", "--into", str(into))
+    assert result.exit_code == 2 and "exists and is not empty" in result.output
+    assert tree_digest(into) == before

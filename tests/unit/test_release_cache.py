@@ -38,6 +38,24 @@ def test_cache_is_reused_without_network(fake_index):
     assert len(fake_index.requests) == seen
 
 
+def test_a_run_killed_after_publishing_leaves_nothing_behind(fake_index):
+    """Killed between renaming the repository into place and its clean-up: the scratch
+    folder and the sdist stay; the next run that finds the repository removes them,
+    offline, and keeps another release's files."""
+    fake_index.add("1.0.0")
+    repo = trees.release_repo("1.0.0")
+    scratch = repo.parent / f".tmp-{repo.name}-killed"
+    (scratch / "src").mkdir(parents=True)
+    (scratch / "src" / "setup.py").write_text("")
+    sdists = cache.root() / "sdist"
+    (sdists / "vllm-1.0.0.tar.gz").write_bytes(b"complete but never unlinked")
+    (sdists / "vllm-1.0.0.post1.tar.gz").write_bytes(b"another release")
+    fake_index.mode = "error"
+    assert trees.release_repo("1.0.0") == repo
+    assert sorted(p.name for p in repo.parent.iterdir()) == [repo.name]
+    assert sorted(p.name for p in sdists.iterdir()) == ["vllm-1.0.0.post1.tar.gz"]
+
+
 def test_hash_mismatch_leaves_nothing(fake_index):
     fake_index.add("1.0.0")
     fake_index.listed_hash["vllm-1.0.0.tar.gz"] = "0" * 64

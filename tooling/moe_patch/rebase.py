@@ -190,18 +190,21 @@ def start(
         raise UsageError(f"{into} exists and is not empty; choose another --into")
 
     existed = into.exists()
+
+    def mark(tree: Path) -> None:  # the tree is this rebase's until state.json exists
+        _state_dir(tree).mkdir()
+
     if source:
         source = source.expanduser().absolute()
         sources.check_vllm_tree(source)
         sources.warn_version_mismatch(sources.detect_version(source), onto, source)
-        work = sources.from_local(source, into, False, onto)
+        work = sources.from_local(source, into, False, onto, mark=mark)
     elif git_url:
-        work = sources.from_git_url(onto, into, git_url)
+        work = sources.from_git_url(onto, into, git_url, mark=mark)
     else:
-        work = sources.from_cache(onto, into, index_url)
+        work = sources.from_cache(onto, into, index_url, mark=mark)
     try:
         tree = work.path
-        _state_dir(tree).mkdir()  # marks the tree as this rebase's until state.json exists
         gitutil.run(
             tree,
             "fetch",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,11 @@ def check_vllm_tree(tree: Path) -> None:
         raise UsageError(f"--source {tree} is not a vLLM source tree (no vllm/__init__.py)")
 
 
+# Called on a new tree before it is moved to --into: a caller that must recognise its
+# own half-made tree after a kill marks it here, so it never appears unmarked.
+Marker = Callable[[Path], None]
+
+
 def _fresh_target(into: Path) -> Path:
     if into.exists() and any(into.iterdir()):
         raise UsageError(
@@ -88,7 +94,9 @@ def _move_into_place(tmp: Path, into: Path) -> None:
         ) from None
 
 
-def from_cache(version: str, into: Path, index_url: str | None) -> WorkTree:
+def from_cache(
+    version: str, into: Path, index_url: str | None, mark: Marker | None = None
+) -> WorkTree:
     tmp = _fresh_target(into)  # refuse a foreign --into before downloading anything
     try:
         repo = trees.release_repo(version, index_url)
@@ -107,13 +115,15 @@ def from_cache(version: str, into: Path, index_url: str | None) -> WorkTree:
             trees.release_tag(version),
         )
         base = gitutil.run(tmp, "rev-parse", "HEAD")
+        if mark:
+            mark(tmp)
         _move_into_place(tmp, into)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return WorkTree(into, base, created=True)
 
 
-def from_git_url(version: str, into: Path, url: str) -> WorkTree:
+def from_git_url(version: str, into: Path, url: str, mark: Marker | None = None) -> WorkTree:
     tmp = _fresh_target(into)
     tag = trees.release_tag(version)
     try:
@@ -137,13 +147,17 @@ def from_git_url(version: str, into: Path, url: str) -> WorkTree:
             ) from None
         gitutil.run(tmp, "checkout", "-q", "--detach", tag)
         base = gitutil.run(tmp, "rev-parse", "HEAD")
+        if mark:
+            mark(tmp)
         _move_into_place(tmp, into)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return WorkTree(into, base, created=True)
 
 
-def from_local(source: Path, into: Path | None, in_place: bool, version: str) -> WorkTree:
+def from_local(
+    source: Path, into: Path | None, in_place: bool, version: str, mark: Marker | None = None
+) -> WorkTree:
     """A copy of ``source`` (a git checkout or an unpacked tree), or ``source`` itself."""
     check_vllm_tree(source)
     is_repo = (source / ".git").exists()
@@ -167,6 +181,8 @@ def from_local(source: Path, into: Path | None, in_place: bool, version: str) ->
         else:
             shutil.copytree(source, tmp, symlinks=True, dirs_exist_ok=True)
             base = trees.commit_directory(tmp, tmp, version, "@315532800 +0000", bare=False)
+        if mark:
+            mark(tmp)
         _move_into_place(tmp, into)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -35,6 +35,7 @@ def release_repo(version: str, index_url: str | None = None) -> Path:
     """The cached bare repository of release ``version``, building it if needed."""
     existing = cached_repo(version)
     if existing:
+        _sweep_after_kill(version, existing)
         return existing
     trees = cache.subdir("trees")
     name = f"{release_tag(version)}.git"
@@ -52,6 +53,25 @@ def release_repo(version: str, index_url: str | None = None) -> Path:
         finally:
             sdist.unlink()  # kept in the repository, or refused: never trusted again
     return final
+
+
+def _sweep_after_kill(version: str, repo: Path) -> None:
+    """Remove what a run killed after publishing ``repo`` but before its clean-up left:
+    its scratch folder beside the repository and the sdist it was built from."""
+    sdists = cache.root() / "sdist"
+    stale = [p for p in repo.parent.iterdir() if p.name.startswith(f".tmp-{repo.name}-")]
+    if sdists.is_dir():
+        names = {f"vllm-{version}.tar.gz", f"vllm-{version}.zip"}
+        stale += [p for p in sdists.iterdir() if p.name in names]
+    if not stale:
+        return
+    with cache.locked(f"vllm-{version}"):  # a live builder finishes its own clean-up first
+        for path in stale:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
 
 
 def _lookup(settings, version: str) -> index.Distribution:
