@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -69,7 +70,7 @@ class LoadedKernel:
     def has_swap_ab(self) -> bool:
         return self.has_param("SWAP_AB")
 
-    @property
+    @functools.cached_property  # launches ask on every call; the source is read once
     def has_split_k(self) -> bool:
         """Whether the kernel splits K over grid axis 1.  Every release declares a
         ``SPLIT_K`` parameter, but unpatched kernels ignore it (vLLM forces 1)."""
