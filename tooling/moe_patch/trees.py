@@ -51,13 +51,15 @@ def release_repo(version: str, index_url: str | None = None) -> Path:
         try:
             build_repo_from_archive(sdist, version, final)
         finally:
-            sdist.unlink()  # kept in the repository, or refused: never trusted again
+            with contextlib.suppress(FileNotFoundError):  # consumed, or refused
+                sdist.unlink()
     return final
 
 
 def _sweep_after_kill(version: str, repo: Path) -> None:
     """Remove what a run killed after publishing ``repo`` but before its clean-up left:
-    its scratch folder beside the repository and the sdist it was built from."""
+    its scratch folder beside the repository and the sdist it was built from.  Builds
+    now publish last; this clears caches that earlier moe-patch versions left so."""
     sdists = cache.root() / "sdist"
     stale = [p for p in repo.parent.iterdir() if p.name.startswith(f".tmp-{repo.name}-")]
     if sdists.is_dir():
@@ -85,19 +87,26 @@ def _lookup(settings, version: str) -> index.Distribution:
 
 
 def build_repo_from_archive(archive: Path, version: str, final: Path) -> None:
-    """Unpack ``archive`` safely and commit it as ``final`` (a bare repo), atomically."""
-    work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{final.name}-"))
+    """Unpack ``archive`` safely, commit it as ``final`` (a bare repo) and consume it.
+
+    Publishing is the last step: the unpacked files and the archive are gone before
+    the rename, so a run killed anywhere leaves either no ``final`` (and ``.tmp-*``
+    folders the next build removes) or a complete ``final`` and nothing else."""
+    repo_dir = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{final.name}-"))
+    unpacked = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{final.name}-src-"))
     try:
-        unpacked = work / "src"
-        date = _extract(archive, unpacked)
-        top = _single_top_dir(unpacked, archive)
-        repo_dir = work / "repo.git"
+        date = _extract(archive, unpacked / "src")
+        top = _single_top_dir(unpacked / "src", archive)
         commit_directory(top, repo_dir, version, date, bare=True)
         gitutil.run(repo_dir, "repack", "-a", "-d", "-q")
         gitutil.run(repo_dir, "prune-packed")
+        shutil.rmtree(unpacked)
+        archive.unlink()  # kept in the repository: never trusted again
         repo_dir.rename(final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(unpacked, ignore_errors=True)
+        shutil.rmtree(repo_dir, ignore_errors=True)
+        raise
 
 
 def _extract(archive: Path, dest: Path) -> str:
