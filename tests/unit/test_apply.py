@@ -5,6 +5,7 @@ import json
 from click.testing import CliRunner
 from moe_patch.cli import main
 from support import (
+    JIT_EDIT,
     JIT_PROBE,
     KERNEL_MODULE,
     PATCH_AUTHOR,
@@ -120,6 +121,34 @@ def test_moved_context_falls_back_to_three_way(fake_index, series_root, tmp_path
     assert report["patches"][0]["status"] == "applied (3-way)"
     text = (tmp_path / "t" / KERNEL_PATH).read_text()
     assert "return 2  # changed" in text and 'do_not_specialize=["EM", "num_valid_tokens"]' in text
+
+
+def test_three_way_for_a_second_patch_to_the_same_file(fake_index, tmp_path, monkeypatch):
+    # Both patches change the kernel file.  The second one's preimage is the file as
+    # the first left it on 1.0.0, a blob no release contains.  On 1.3.0 the first
+    # applies as it is (so no merge ever writes that blob) and the second, whose
+    # context moved, needs a 3-way merge.
+    jit_text = JIT_EDIT[KERNEL_PATH]
+    body_text = jit_text.replace("        return\n", "        return  # nothing to do\n")
+    root = author_series(
+        tmp_path / "p",
+        "1.0.0",
+        [
+            {"id": "jit", "edit": JIT_EDIT},
+            {"id": "body", "edit": {KERNEL_PATH: body_text}},
+        ],
+    )
+    monkeypatch.setenv("MOE_PATCH_SERIES", str(root))
+    fake_index.add("1.0.0")
+    moved = KERNEL_MODULE.replace("):\n    pid", "):  # changed\n    pid")
+    fake_index.add("1.3.0", make_sdist("1.3.0", release_files("1.3.0", moved)))
+    result, report = apply_json("--vllm", "1.3.0", "--into", str(tmp_path / "t"))
+    assert result.exit_code == 0, result.output
+    assert [p["status"] for p in report["patches"]] == ["applied", "applied (3-way)"]
+    text = (tmp_path / "t" / KERNEL_PATH).read_text()
+    for line in ("):  # changed", "return  # nothing to do", "do_not_specialize"):
+        assert line in text, line
+    assert git(tmp_path / "t", "status", "--porcelain") == ""
 
 
 def test_failing_patch_names_file_and_hunk(fake_index, series_root, tmp_path):

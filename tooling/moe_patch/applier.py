@@ -15,6 +15,7 @@ import contextlib
 import email.utils
 import json
 import re
+import tempfile
 from pathlib import Path
 
 import git
@@ -144,8 +145,15 @@ def am(tree: Path, patch: Patch, three_way: bool) -> bool:
         return False
 
 
-def fetch_base_objects(tree: Path, series_base: str, index_url: str | None) -> bool:
-    """Bring the series base release's blobs into ``tree`` so ``git am -3`` can merge."""
+def fetch_base_objects(
+    tree: Path, series_base: str, index_url: str | None, patches: list[Patch] = ()
+) -> bool:
+    """Bring the blobs ``git am -3`` merges against into ``tree``: the series base
+    release's, and those its ``patches`` make on it in turn.
+
+    A patch's ``index`` line names the file as the patches before it left it on the
+    base; when two patches change one file, the second one's preimage exists only
+    once the first has been applied to the base."""
     try:
         repo = trees.release_repo(series_base, index_url)
         gitutil.run(
@@ -156,9 +164,25 @@ def fetch_base_objects(tree: Path, series_base: str, index_url: str | None) -> b
             str(repo),
             f"refs/tags/{trees.release_tag(series_base)}",
         )
-        return True
     except (MoePatchError, git.GitCommandError):  # no base: no 3-way fallback
         return False
+    _write_series_blobs(tree, patches)
+    return True
+
+
+def _write_series_blobs(tree: Path, patches: list[Patch]) -> None:
+    """Apply ``patches`` to the fetched base in a scratch index (never the user's
+    index or files): ``git apply --cached`` stores every postimage blob."""
+    if not patches:
+        return
+    with tempfile.TemporaryDirectory(prefix="moe-patch-index-") as scratch:
+        env = {"GIT_INDEX_FILE": str(Path(scratch) / "index")}
+        gitutil.run(tree, "read-tree", "FETCH_HEAD", env=env)
+        for patch in patches:
+            try:
+                gitutil.run(tree, "apply", "--cached", str(patch.path), env=env)
+            except git.GitCommandError:  # later patches would not find their preimages
+                return
 
 
 def apply_series(
@@ -216,7 +240,7 @@ def apply_series(
                 outcome.status = APPLIED
             else:
                 if not fetched_base:
-                    fetched_base = fetch_base_objects(tree, series.base, index_url)
+                    fetched_base = fetch_base_objects(tree, series.base, index_url, series.patches)
                 if fetched_base and am(tree, patch, three_way=True):
                     outcome.status = APPLIED_3WAY
                 else:
