@@ -9,6 +9,13 @@ own dispatch is timed in the same run, and the fastest correct config per M is
 kept.  :mod:`moe_kernels.configs` turns the result into vLLM's JSON files.
 
     python -m moe_kernels.tune --tree 0.21.0+moe=/path --out tune.json
+
+``--seeded-by EARLIER.json`` re-times, instead of the whole grid, the ``--top``
+fastest correct configs each cell had in an earlier search (another tree's
+kernel, say), with their 8-token twins at M <= 8: a few minutes instead of an
+hour, for a kernel that computes the same tiles the same way.
+
+    python -m moe_kernels.tune --tree 0.33.0+moe=/path --seeded-by tune-0.21.json --out t.json
 """
 
 from __future__ import annotations
@@ -109,6 +116,45 @@ def candidates(quant: str, M: int, shape) -> list[dict]:
     return out
 
 
+def _config_key(config: dict) -> tuple:
+    return tuple(sorted(config.items()))
+
+
+def seeded_candidates(earlier: list[dict], shape_name: str, quant: str, M: int, top: int):
+    """The ``top`` fastest correct configs of cell (shape, quant, M) in an earlier
+    search, and at M <= 8 the same configs with 8-token tiles.  ``SWAP_AB`` keys are
+    dropped: every seed is a Swap-AB tile, which the launcher's rule swaps anyway,
+    and upstream's launcher (0.25+) takes no such key from a config."""
+    shape = SHAPES[shape_name]
+    timed = [
+        t
+        for cell in earlier
+        if (cell["shape"], cell["quant"], cell["M"]) == (shape_name, quant, M)
+        for t in cell["all"]
+        if t["correct"]
+    ]
+    seeds: dict[tuple, dict] = {}
+    for t in sorted(timed, key=lambda t: t["us"]):
+        config = {k: v for k, v in t["config"].items() if k != "SWAP_AB"}
+        if not config["BLOCK_SIZE_M"] < 64 <= config["BLOCK_SIZE_N"]:
+            continue
+        seeds.setdefault(_config_key(config), config)
+        if len(seeds) == top:
+            break
+    out = dict(seeds)
+    if M <= 8:
+        for config in seeds.values():
+            twin = {**config, "BLOCK_SIZE_M": 8}
+            out.setdefault(_config_key(twin), twin)
+    return [
+        c
+        for c in out.values()
+        if c.get("SPLIT_K", 1) == 1
+        or min(_programs(shape, g, M, c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"]) for g in GEMMS)
+        < _sm_count()
+    ]
+
+
 def _joint(variant, cases, weights, refs, config=None) -> dict | None:
     """Time one config on both GEMMs; None when it does not fit the SM or does not compile."""
     timed = {}
@@ -138,7 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--M", default=",".join(map(str, DECODE_M)))
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--seeded-by", type=Path, metavar="EARLIER.json", help="re-time an earlier search's best"
+    )
+    parser.add_argument("--top", type=int, default=6, help="configs per cell with --seeded-by")
     args = parser.parse_args(argv)
+    earlier = json.loads(args.seeded_by.read_text())["results"] if args.seeded_by else None
 
     label, _, path = args.tree.partition("=")
     variant = Variant(label, Path(path), load_fused_moe_kernel(Path(path)))
@@ -156,7 +207,11 @@ def main(argv: list[str] | None = None) -> int:
                 own = _joint(variant, cases, weights, refs)
                 hit = int(torch.unique(route[0]).numel())
                 tried = [own]
-                for candidate in candidates(quant, M, shape):
+                if earlier is None:
+                    pool = candidates(quant, M, shape)
+                else:
+                    pool = seeded_candidates(earlier, shape_name, quant, M, args.top)
+                for candidate in pool:
                     timed = _joint(variant, cases, weights, refs, candidate)
                     if timed is not None:
                         tried.append(timed)

@@ -59,7 +59,14 @@ RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results"
 
 
 @pytest.mark.parametrize(
-    "name", ["h200-series-bench", "h200-series-layer-bench", "h200-baseline-bench"]
+    "name",
+    [
+        "h200-series-bench",
+        "h200-series-layer-bench",
+        "h200-split-k-0.33-bench",
+        "h200-split-k-0.33-layer-bench",
+        "h200-baseline-bench",
+    ],
 )
 def test_committed_markdown_is_what_its_json_says(name):
     report = json.loads((RESULTS / f"{name}.json").read_text())
@@ -99,3 +106,35 @@ def test_tune_scores_both_gemms_against_the_trees_own_dispatch(
         assert timed["correct"] and timed["us"] == timed["up_us"] + timed["down_us"]
     assert result["best"]["us"] == min(t["us"] for t in result["all"])
     assert result["dispatch"]["config_source"] == "default"
+
+
+def test_seeded_tune_retimes_an_earlier_searchs_best_on_another_tree(
+    release_trees, tmp_path, monkeypatch
+):
+    from moe_kernels import tune
+
+    for name, values in {
+        "TILE_N": (64, 128),
+        "TILE_K": (128,),
+        "STAGES": (3,),
+        "SPLITS": (1,),
+    }.items():
+        monkeypatch.setattr(tune, name, values)
+    monkeypatch.setattr(tune, "token_tiles", lambda M: (16,))  # the twin must be new
+    args = ["--shape", "tiny-smoke-test", "--quant", "tensor", "--M", "1"]
+    earlier = tmp_path / "earlier.json"
+    assert tune.main([f"--tree=a={release_trees('0.21.0+moe')}", *args, "--out", str(earlier)]) == 0
+    (first,) = json.loads(earlier.read_text())["results"]
+    ranked = sorted(
+        (t for t in first["all"] if t["config"]["BLOCK_SIZE_M"] < 64), key=lambda t: t["us"]
+    )
+    best = {k: v for k, v in ranked[0]["config"].items() if k != "SWAP_AB"}
+
+    out = tmp_path / "seeded.json"
+    seeded = [f"--tree=b={release_trees('0.33.0+moe')}", *args, "--seeded-by", str(earlier)]
+    assert tune.main([*seeded, "--top", "1", "--out", str(out)]) == 0
+    (result,) = json.loads(out.read_text())["results"]
+    # the tree's own dispatch, the earlier best, and at M <= 8 its 8-token twin
+    configs = [t["config"] for t in result["all"][1:]]
+    assert configs == [best, {**best, "BLOCK_SIZE_M": 8}]
+    assert result["incorrect"] == 0 and result["tried"] == 3

@@ -1,8 +1,10 @@
-"""The swap-ab patch's H200 config tables and split-K rule, checked against their sources.
+"""The H200 config tables and split-K rule of swap-ab (0.20-0.24) and swap-ab-split-k
+(0.25+), checked against their sources.
 
-* The JSON files the patch ships are what ``moe_kernels.configs`` makes from the
-  committed search (kernels/results/h200-tune-joint.json) on the unpatched
-  release: the table is reproducible from the measurements, byte for byte.
+* The JSON files each patch ships are what ``moe_kernels.configs`` makes from the
+  committed search on the unpatched release (kernels/results/h200-tune-joint.json
+  on 0.21.0, h200-tune-split-k-0.33.json on 0.33.0): each table is reproducible
+  from the measurements, byte for byte.
 * ``moe_kernels.configs`` keeps shipped entries unless a search beat them by
   more than its noise margin, and fills new files with the tree's defaults.
 * The harness's split-K rule is the patch's own ``split_k_for``, run from the
@@ -21,13 +23,15 @@ from moe_kernels import configs
 from moe_kernels.launch import patched_split_k
 from moe_kernels.loader import FUSED_MOE_REL
 
-RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results" / "h200-tune-joint.json"
+RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results"
 CONFIGS_REL = FUSED_MOE_REL.parent / "configs"
+SEARCHES = {"0.21.0": "h200-tune-joint.json", "0.33.0": "h200-tune-split-k-0.33.json"}
 
 
-def test_shipped_tables_are_the_committed_search(release_trees, tmp_path):
-    base, patched = release_trees("0.21.0"), release_trees("0.21.0+moe")
-    files = configs.build_files(base, configs.load_results([RESULTS]))
+@pytest.mark.parametrize("release", list(SEARCHES))
+def test_shipped_tables_are_the_committed_search(release_trees, release):
+    base, patched = release_trees(release), release_trees(f"{release}+moe")
+    files = configs.build_files(base, configs.load_results([RESULTS / SEARCHES[release]]))
     assert len(files) == 8  # four shapes, per-tensor and block
     for name, (table, newline, _log) in files.items():
         shipped = (patched / CONFIGS_REL / name).read_text()
@@ -106,8 +110,9 @@ def _patch_split_k_for(tree: Path, sm_count: int):
 
 
 @pytest.mark.parametrize("sm_count", [78, 132])
-def test_harness_split_rule_is_the_patchs(release_trees, sm_count):
-    split_k_for = _patch_split_k_for(release_trees("0.21.0+moe"), sm_count)
+@pytest.mark.parametrize("label", ["0.21.0+moe", "0.33.0+moe"])
+def test_harness_split_rule_is_the_patchs(release_trees, label, sm_count):
+    split_k_for = _patch_split_k_for(release_trees(label), sm_count)
     device = SimpleNamespace(index=0)
     for fp8 in (False, True):
         for split_k in (1, 2, 4):

@@ -2,8 +2,9 @@
 
 The harness launches kernels through its mirror (``moe_kernels.launch``); this test
 runs the vLLM function itself, cut out of the patched tree with :mod:`ast` together
-with ``use_swap_ab`` and ``split_k_for``, against stand-ins for ``current_platform``
-(its SM count and SM90 flag are the test's parameters).  It checks what only the
+with ``split_k_for`` and the swap rule (the swap-ab patch's ``use_swap_ab`` on 0.21.0,
+upstream's ``enable_swap_ab`` under swap-ab-split-k on 0.33.0), against stand-ins for
+``current_platform`` (its SM count and SM90 flag are the test's parameters).  It checks what only the
 real launcher does for split-K: zero the output, give the grid its second axis,
 honour SPLIT_K only while the grid is smaller than the GPU, and get the product
 right either way.  On CPU it runs in Triton's interpreter with fp16 output (the
@@ -28,7 +29,9 @@ from moe_kernels.quant import quantize_activations
 from moe_kernels.reference import ref_fp8_moe_gemm
 from moe_testdata import assert_gemm_matches, make_activations, make_routing, make_weights
 
-LAUNCHER_FUNCTIONS = ("use_swap_ab", "split_k_for", "invoke_fused_moe_triton_kernel")
+LAUNCHER_FUNCTIONS = ("split_k_for", "invoke_fused_moe_triton_kernel")
+UTILS_REL = FUSED_MOE_REL.parent / "utils.py"
+PATCHED_TREES = ("0.21.0+moe", "0.33.0+moe")
 E, K, N, M, TOPK = 8, 256, 192, 3, 2
 CONFIG = {
     "BLOCK_SIZE_M": 16,
@@ -55,16 +58,23 @@ class _RecordingKernel:
         return launch
 
 
-def _launcher(tree, sm_count: int, sm90: bool):
-    source = (tree / FUSED_MOE_REL).read_text()
-    found = {
-        n.name: ast.get_source_segment(source, n)
+def _functions(path, names) -> dict[str, str]:
+    source = path.read_text()
+    return {
+        n.name: ast.get_source_segment(source, n, padded=True)
         for n in ast.parse(source).body
-        if isinstance(n, ast.FunctionDef) and n.name in LAUNCHER_FUNCTIONS
+        if isinstance(n, ast.FunctionDef) and n.name in names
     }
-    assert set(found) == set(LAUNCHER_FUNCTIONS), (
+
+
+def _launcher(tree, sm_count: int, sm90: bool):
+    found = _functions(tree / FUSED_MOE_REL, (*LAUNCHER_FUNCTIONS, "use_swap_ab"))
+    assert set(LAUNCHER_FUNCTIONS) <= set(found), (
         f"{tree} lacks {set(LAUNCHER_FUNCTIONS) - set(found)}"
     )
+    if "use_swap_ab" not in found:  # 0.25+: upstream's own rule, in utils.py
+        found.update(_functions(tree / UTILS_REL, ("enable_swap_ab",)))
+        assert "enable_swap_ab" in found, f"{tree} has neither use_swap_ab nor enable_swap_ab"
     kernel = _RecordingKernel(load_fused_moe_kernel(tree).kernel)
     platform = SimpleNamespace(
         is_cuda=lambda: sm90,
@@ -74,8 +84,13 @@ def _launcher(tree, sm_count: int, sm90: bool):
     namespace: dict[str, Any] = {
         "Any": Any, "torch": torch, "triton": triton, "tl": tl,
         "current_platform": platform, "fused_moe_kernel": kernel,
+        # 0.33's tensor-descriptor path, which quantized launches never take
+        "resolve_moe_use_td": lambda: False,
+        "warn_if_moe_use_td_ineffective": lambda *args, **kwargs: None,
+        "set_triton_allocator": lambda device: None,
+        "logger": SimpleNamespace(warning_once=lambda *args, **kwargs: None),
     }  # fmt: skip
-    code = "\n\n".join(found[name] for name in LAUNCHER_FUNCTIONS)
+    code = "\n\n".join(found.values())
     exec(compile(code, str(tree / FUSED_MOE_REL), "exec"), namespace)
     return namespace["invoke_fused_moe_triton_kernel"], kernel
 
@@ -83,8 +98,9 @@ def _launcher(tree, sm_count: int, sm90: bool):
 @pytest.mark.parametrize("sm90", [False, True], ids=["noswap", "swap"])
 @pytest.mark.parametrize("sm_count", [132, 4], ids=["grid-below-SMs", "grid-fills-SMs"])
 @pytest.mark.parametrize("mode", ["tensor", "block"])
-def test_patched_launcher_splits_k(release_trees, mode, sm_count, sm90, gen, device):
-    invoke, kernel = _launcher(release_trees("0.21.0+moe"), sm_count, sm90)
+@pytest.mark.parametrize("label", PATCHED_TREES)
+def test_patched_launcher_splits_k(release_trees, label, mode, sm_count, sm90, gen, device):
+    invoke, kernel = _launcher(release_trees(label), sm_count, sm90)
     if device.type == "cpu":
         interpreter_compat.apply()
     out_dtype = torch.bfloat16 if device.type == "cuda" else torch.float16

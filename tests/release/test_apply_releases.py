@@ -34,10 +34,16 @@ def test_series_applies(version, tmp_path):
     )
     assert found.found, found.detail
     compile((into / FUSED_MOE).read_text(), FUSED_MOE, "exec")  # still valid Python
-    # Swap-AB: ours on 0.20 … 0.24; from 0.25 on the probe finds upstream's own.
-    expected_swap = "already upstream" if Version(version) >= Version("0.25.0") else "applied"
-    assert statuses["swap-ab"].startswith(expected_swap), statuses
+    # Swap-AB: ours (with split-K) on 0.20 … 0.24; from 0.25 on upstream has its own,
+    # and the v0.25.0 series adds split-K and the H200 tables on top of it instead.
+    if Version(version) >= Version("0.25.0"):
+        assert "swap-ab" not in statuses, statuses
+        assert statuses["swap-ab-split-k"] in ("applied", "applied (3-way)"), statuses
+    else:
+        assert statuses["swap-ab"] == "applied", statuses
+        assert "swap-ab-split-k" not in statuses, statuses
     assert probes.kernel_param(into, FUSED_MOE, "fused_moe_kernel", "SWAP_AB").found
+    assert "def split_k_for(" in (into / FUSED_MOE).read_text()
     assert statuses["backend-selector"] in ("applied", "applied (3-way)"), statuses
     check_backend_selector(into)
 

@@ -37,8 +37,8 @@ def test_branches_only_for_patches_upstream_lacks(made):
     status = {o.id: o.status for o in report.outcomes}
     assert status == {
         "jit-annotations": pr.BRANCH,
-        "swap-ab": pr.SKIPPED_INAPPROPRIATE,
         "backend-selector": pr.BRANCH,
+        "swap-ab-split-k": pr.BRANCH,
     }
     assert (git(work, "rev-parse", "HEAD"), git(work, "status", "--porcelain")) == before
     assert git(work, "symbolic-ref", "--short", "HEAD") == "my-work"

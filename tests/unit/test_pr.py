@@ -261,3 +261,25 @@ def test_descriptions_default_to_the_git_directory(pr_series, clone):
     report = pr.prepare(clone, "v1.0.0", only=["feature"])
     assert report.outcomes[0].description == str(clone / ".git" / "moe-patch-pr" / "feature.md")
     assert state(clone) == before
+
+
+def test_benchmark_results_become_a_before_after_table(tmp_path, monkeypatch):
+    rows = [
+        {"shape": "s", "gemm": "layer", "quant": "block", "M": m, "variant": v, "us": us}
+        for m, v, us in [
+            (1, "9.9.0", 80.0), (1, "9.9.0+moe", 64.0),
+            (2, "9.9.0", 90.0), (2, "9.9.0+moe", 90.0),
+            (256, "9.9.0", 500.0), (256, "9.9.0+moe", 500.0),  # beyond decode: left out
+            (4, "9.9.0", 100.0),  # no patched row to compare with: left out
+        ]
+    ]  # fmt: skip
+    data = {"command": "python -m moe_kernels.bench …", "environment": {"gpu": "G"}, "rows": rows}
+    (tmp_path / "bench.json").write_text(json.dumps(data))
+    monkeypatch.setenv("MOE_PATCH_RESULTS", str(tmp_path))
+    text = pr.results_section(pr.Upstreaming(tag="[Perf]", results="bench.json"))
+    table = [line for line in text.splitlines() if line.startswith("| s ")]
+    assert table == [
+        "| s | layer | block | 1 | 80.0 | 64.0 | 1.25× |",
+        "| s | layer | block | 2 | 90.0 | 90.0 | 1.00× |",
+    ]
+    assert "GPU: G" in text and "`python -m moe_kernels.bench …`" in text

@@ -99,6 +99,44 @@ def test_fused_moe_kernel_does_not_specialize_token_counts(arg: str):
     assert arg in _not_specialized()
 '''
 
+_SPLIT_K_TEST = '''\
+"""split_k_for: a tuned config's SPLIT_K splits fused_moe_kernel's K loop only for
+FP8 W8A8, and only while the GEMM's grid is smaller than the GPU.
+
+Run `pytest tests/kernels/moe/test_fused_moe_split_k.py`.
+"""
+
+import pytest
+import torch
+
+from vllm.model_executor.layers.fused_moe import fused_moe
+
+SM_COUNT = 132
+DEVICE = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _sm_count(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(
+        fused_moe.current_platform,
+        "num_compute_units",
+        lambda device_id=0: SM_COUNT,
+        raising=False,
+    )
+
+
+@pytest.mark.parametrize("split_k", [2, 4])
+def test_split_k_while_the_grid_is_smaller_than_the_gpu(split_k: int):
+    assert fused_moe.split_k_for(True, split_k, SM_COUNT - 1, DEVICE) == split_k
+    assert fused_moe.split_k_for(True, split_k, SM_COUNT, DEVICE) == 1
+
+
+@pytest.mark.parametrize("programs", [1, SM_COUNT - 1])
+def test_no_split_k_without_fp8_or_without_asking(programs: int):
+    assert fused_moe.split_k_for(False, 4, programs, DEVICE) == 1
+    assert fused_moe.split_k_for(True, 1, programs, DEVICE) == 1
+'''
+
 _BACKEND_TEST = '''\
 """VLLM_FP8_MOE_BACKEND names the FP8 MoE backend as --moe-backend does.
 
@@ -156,8 +194,15 @@ UPSTREAM: dict[str, Upstreaming] = {
             "backend with `VLLM_FP8_MOE_BACKEND=<name>` or `--moe-backend`."
         ),
     ),
+    "swap-ab-split-k": Upstreaming(
+        tag="[Perf]",
+        tests={"tests/kernels/moe/test_fused_moe_split_k.py": _SPLIT_K_TEST},
+        results="h200-split-k-0.33-layer-bench.json",
+    ),
 }
 DEFAULT_UPSTREAMING = Upstreaming(tag="[Misc]")
+# Token counts the PR description's benchmark table shows (decode sizes).
+PR_TABLE_M = (1, 2, 4, 8, 16, 32, 64)
 
 
 @dataclass
@@ -463,7 +508,9 @@ def prepare(
 
         def base_fetch() -> bool:
             if not fetched:
-                fetched.append(applier.fetch_base_objects(work, chosen.base, index_url))
+                fetched.append(
+                    applier.fetch_base_objects(work, chosen.base, index_url, chosen.patches)
+                )
             return fetched[0]
 
         previous: PrOutcome | None = None
@@ -548,6 +595,8 @@ def results_section(plan: Upstreaming) -> str:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return f"The benchmark results file {plan.results} was not found; run the benchmark."
+    if "rows" in data:
+        return _bench_section(data)
     env = data.get("environment", {})
     results = data.get("results", {})
     sweep = data.get("sweep_token_counts") or []
@@ -581,6 +630,46 @@ def results_section(plan: Upstreaming) -> str:
                 f"{b['stalls']} → {a['stalls']} | "
                 f"{b['stall_seconds']:.2f} → {a['stall_seconds']:.2f} |"
             )
+    return "\n".join(lines)
+
+
+def _bench_section(data: dict) -> str:
+    """A ``moe_kernels.bench`` run as a table: each release against itself with the
+    patch (variants ``X`` and ``X+moe``), median microseconds per call."""
+    env = data.get("environment", {})
+    times: dict[tuple, float] = {}
+    for row in data["rows"]:
+        key = (row["shape"], row["gemm"], row["quant"], row["M"], row["variant"])
+        times[key] = row["us"]
+    pairs = sorted(
+        {
+            (k[4], f"{k[4]}+moe")
+            for k in times
+            if "+" not in k[4] and (*k[:4], f"{k[4]}+moe") in times
+        }
+    )
+    lines = [
+        "Median time per call (µs), lower is better; each row measured in the same run, "
+        "on fresh random FP8 data checked against a float64 reference.",
+        "",
+        f"- GPU: {env.get('gpu', '?')} ({env.get('sm_count', '?')} SMs); torch "
+        f"{env.get('torch', '?')}, triton {env.get('triton', '?')}, CUDA {env.get('cuda', '?')}, "
+        f"Python {env.get('python', '?')}",
+        f"- command: `{data.get('command', '?')}`",
+        "",
+        "| model shape | GEMM | FP8 scales | M | before | after | speed-up |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    cells = sorted({k[:4] for k in times}, key=lambda k: (k[0], k[1], k[2], k[3]))
+    for before, after in pairs:
+        for shape, gemm, quant, m in cells:
+            b, a = (
+                times.get((shape, gemm, quant, m, before)),
+                times.get((shape, gemm, quant, m, after)),
+            )
+            if b is None or a is None or m not in PR_TABLE_M:
+                continue
+            lines.append(f"| {shape} | {gemm} | {quant} | {m} | {b:.1f} | {a:.1f} | {b / a:.2f}× |")
     return "\n".join(lines)
 
 
