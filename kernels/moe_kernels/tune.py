@@ -10,6 +10,10 @@ kept.  :mod:`moe_kernels.configs` turns the result into vLLM's JSON files.
 
     python -m moe_kernels.tune --tree 0.21.0+moe=/path --out tune.json
 
+``--routings R`` scores each config by its time summed over R routings drawn per
+M: where few experts are hit, which and how many vary from batch to batch, and a
+config that wins on one draw can lose on the next.
+
 ``--seeded-by EARLIER.json`` re-times, instead of the whole grid, the ``--top``
 fastest correct configs each cell had in an earlier search (another tree's
 kernel, say), with their 8-token twins at M <= 8: a few minutes instead of an
@@ -155,24 +159,37 @@ def seeded_candidates(earlier: list[dict], shape_name: str, quant: str, M: int, 
     ]
 
 
-def _joint(variant, cases, weights, refs, config=None) -> dict | None:
-    """Time one config on both GEMMs; None when it does not fit the SM or does not compile."""
-    timed = {}
+def _joint(variant, draws, weights, config=None) -> dict | None:
+    """Time one config on both GEMMs, summed over the routings in ``draws`` (pairs of
+    cases and reference caches); None when it does not fit the SM or does not compile."""
+    up = down = 0.0
+    correct = True
     try:
-        for gemm in ("up", "down"):
-            timed[gemm] = time_variant(
-                variant, cases[gemm], weights[gemm], refs[gemm], config=config, replays=TUNE_REPLAYS
-            )
+        for cases, refs in draws:
+            timed = {
+                gemm: time_variant(
+                    variant,
+                    cases[gemm],
+                    weights[gemm],
+                    refs[gemm],
+                    config=config,
+                    replays=TUNE_REPLAYS,
+                )
+                for gemm in GEMMS
+            }
+            up += timed["up"]["us"]
+            down += timed["down"]["us"]
+            correct = correct and timed["up"]["correct"] and timed["down"]["correct"]
     except (OutOfResources, CompilationError):  # too big for the SM, or a tile Triton rejects
         return None
     return {
         "config": config if config is not None else timed["up"]["config"],
         "config_source": timed["up"]["config_source"],
         "swap_ab": timed["up"]["swap_ab"],
-        "up_us": timed["up"]["us"],
-        "down_us": timed["down"]["us"],
-        "us": timed["up"]["us"] + timed["down"]["us"],
-        "correct": timed["up"]["correct"] and timed["down"]["correct"],
+        "up_us": up,
+        "down_us": down,
+        "us": up + down,
+        "correct": correct,
     }
 
 
@@ -188,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
         "--seeded-by", type=Path, metavar="EARLIER.json", help="re-time an earlier search's best"
     )
     parser.add_argument("--top", type=int, default=6, help="configs per cell with --seeded-by")
+    parser.add_argument(
+        "--routings",
+        type=int,
+        default=1,
+        help="routings drawn per M; a config's time is the sum over them",
+    )
     args = parser.parse_args(argv)
     earlier = json.loads(args.seeded_by.read_text())["results"] if args.seeded_by else None
 
@@ -201,18 +224,20 @@ def main(argv: list[str] | None = None) -> int:
         for quant in args.quant or ["tensor", "block"]:
             weights = {g: make_weights(shape, g, quant, gen) for g in ("up", "down")}
             for M in (int(m) for m in args.M.split(",")):
-                route = routing(M, shape, gen)
-                cases = {g: make_case(shape, g, quant, M, gen, route) for g in ("up", "down")}
-                refs: dict = {"up": {}, "down": {}}
-                own = _joint(variant, cases, weights, refs)
-                hit = int(torch.unique(route[0]).numel())
+                draws, hit = [], []
+                for _ in range(args.routings):
+                    route = routing(M, shape, gen)
+                    cases = {g: make_case(shape, g, quant, M, gen, route) for g in GEMMS}
+                    draws.append((cases, {g: {} for g in GEMMS}))
+                    hit.append(int(torch.unique(route[0]).numel()))
+                own = _joint(variant, draws, weights)
                 tried = [own]
                 if earlier is None:
                     pool = candidates(quant, M, shape)
                 else:
                     pool = seeded_candidates(earlier, shape_name, quant, M, args.top)
                 for candidate in pool:
-                    timed = _joint(variant, cases, weights, refs, candidate)
+                    timed = _joint(variant, draws, weights, candidate)
                     if timed is not None:
                         tried.append(timed)
                 good = [t for t in tried if t["correct"]]
@@ -222,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                         "shape": shape_name,
                         "quant": quant,
                         "M": M,
-                        "experts_hit": hit,
+                        "experts_hit": hit[0] if args.routings == 1 else hit,
                         "dispatch": own,
                         "best": winner,
                         "tried": len(tried),

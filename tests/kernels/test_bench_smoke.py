@@ -63,6 +63,8 @@ RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results"
     [
         "h200-series-bench",
         "h200-series-layer-bench",
+        "h200-series-decode-bench",
+        "h200-series-decode-layer-bench",
         "h200-split-k-0.33-bench",
         "h200-split-k-0.33-layer-bench",
         "h200-baseline-bench",
@@ -132,8 +134,9 @@ def test_seeded_tune_retimes_an_earlier_searchs_best_on_another_tree(
 
     out = tmp_path / "seeded.json"
     seeded = [f"--tree=b={release_trees('0.33.0+moe')}", *args, "--seeded-by", str(earlier)]
-    assert tune.main([*seeded, "--top", "1", "--out", str(out)]) == 0
+    assert tune.main([*seeded, "--top", "1", "--routings", "2", "--out", str(out)]) == 0
     (result,) = json.loads(out.read_text())["results"]
+    assert len(result["experts_hit"]) == 2  # two routings, each config timed on both
     # the tree's own dispatch, the earlier best, and at M <= 8 its 8-token twin
     configs = [t["config"] for t in result["all"][1:]]
     assert configs == [best, {**best, "BLOCK_SIZE_M": 8}]
