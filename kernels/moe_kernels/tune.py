@@ -81,6 +81,13 @@ def _programs(shape, gemm: str, M: int, block_m: int, block_n: int) -> int:
     return -(-em // block_m) * -(-gemm_dims(shape, gemm)[0] // block_n)
 
 
+def splits_anywhere(shape, M: int, block_m: int, block_n: int) -> bool:
+    """Whether the launcher splits K for either GEMM of the layer with this tile: only
+    a grid with fewer programs than the GPU has SMs is split.  Elsewhere a SPLIT_K
+    candidate would time the same launches as its unsplit twin."""
+    return min(_programs(shape, g, M, block_m, block_n) for g in GEMMS) < _sm_count()
+
+
 def token_tiles(M: int) -> tuple[int, ...]:
     """BLOCK_SIZE_M values worth trying: the tokens sit on the MMA's N side, which
     wgmma allows down to 8, so at M <= 8 an 8-token tile wastes less than 16."""
@@ -92,18 +99,14 @@ def token_tiles(M: int) -> tuple[int, ...]:
 def candidates(quant: str, M: int, shape) -> list[dict]:
     """Swap-AB tiles for decode: 8 to 32 tokens on the MMA's N side.
 
-    Split-K is tried only where the patched launcher honours it (a GEMM whose
-    grid has fewer programs than the GPU has SMs); elsewhere it would time the
-    same launches twice."""
+    Split-K is tried only where the patched launcher honours it
+    (:func:`splits_anywhere`)."""
     block_ks = (128,) if quant == "block" else TILE_K  # one K tile per 128x128 scale block
     out = []
     for block_m, block_n, block_k, stages, split_k in itertools.product(
         token_tiles(M), TILE_N, block_ks, STAGES, SPLITS
     ):
-        if (
-            split_k > 1
-            and min(_programs(shape, g, M, block_m, block_n) for g in GEMMS) >= _sm_count()
-        ):
+        if split_k > 1 and not splits_anywhere(shape, M, block_m, block_n):
             continue
         out.append(
             {
@@ -154,8 +157,7 @@ def seeded_candidates(earlier: list[dict], shape_name: str, quant: str, M: int, 
         c
         for c in out.values()
         if c.get("SPLIT_K", 1) == 1
-        or min(_programs(shape, g, M, c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"]) for g in GEMMS)
-        < _sm_count()
+        or splits_anywhere(shape, M, c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"])
     ]
 
 
