@@ -86,9 +86,20 @@ def _default(ns: dict, shape, block: list[int] | None, M: int) -> dict:
     return vllm_entry(config)
 
 
+def decides_swap_itself(tree: Path) -> bool:
+    """Whether the tree's launcher is upstream's Swap-AB one (0.25+): it decides with
+    ``enable_swap_ab`` alone and passes ``SWAP_AB=`` beside ``**config``, so a table
+    entry carrying the key would make every launch fail with a duplicate keyword.
+    (The swap-ab patch's launcher reads the key; releases before 0.25 are tuned for
+    that patched launcher.)"""
+    source = (tree / FUSED_MOE_REL).read_text()
+    return "enable_swap_ab(" in source and "def use_swap_ab(" not in source
+
+
 def build_files(tree: Path, rows: dict) -> dict[str, tuple[dict, bool, list[str]]]:
     """File name -> (table, ends with newline, log lines)."""
     ns = _selection(str(tree), GPU_NAME, None)
+    swap_fixed = decides_swap_itself(tree)
     configs_dir = tree / FUSED_MOE_REL.parent / "configs"
     files = {}
     for shape_name, quant in sorted({(s, q) for s, q, _ in rows}):
@@ -106,6 +117,12 @@ def build_files(tree: Path, rows: dict) -> dict[str, tuple[dict, bool, list[str]
         searched = sorted(M for s, q, M in rows if (s, q) == (shape_name, quant))
         for M in searched:
             entry, why = chosen(rows[(shape_name, quant, M)])
+            if entry is not None and "SWAP_AB" in entry and swap_fixed:
+                raise ValueError(
+                    f"{shape_name} {quant} M={M}: the winner needs SWAP_AB={entry['SWAP_AB']}, "
+                    f"which the launcher in {tree} cannot take from a config; search again "
+                    "without candidates that override the swap rule"
+                )
             if entry is not None:
                 table[str(M)] = entry
             elif not shipped.exists():

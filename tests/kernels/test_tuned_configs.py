@@ -128,3 +128,21 @@ def test_harness_split_rule_is_the_patchs(release_trees, label, sm_count):
                 assert patched_split_k(fp8, split_k, programs, sm_count) == want
     assert split_k_for(True, 4, sm_count - 1, device) == 4
     assert split_k_for(True, 4, sm_count, device) == 1
+
+
+def test_no_swap_override_in_tables_for_upstreams_launcher(release_trees):
+    # 0.33.0's launcher passes SWAP_AB itself: an entry carrying the key would break it.
+    tree = release_trees("0.33.0")
+    assert configs.decides_swap_itself(tree)
+    assert not any(configs.decides_swap_itself(release_trees(t)) for t in ("0.21.0", "0.21.0+moe"))
+    no_swap = {**SWAP_TILE, "SWAP_AB": False}
+    rows = {("mixtral-8x7b", "tensor", 1): _row("mixtral-8x7b", "tensor", 1, 100.0, 50.0, no_swap)}
+    with pytest.raises(ValueError, match="cannot take from a config"):
+        configs.build_files(tree, rows)
+    follows_rule = {
+        ("mixtral-8x7b", "tensor", 1): _row("mixtral-8x7b", "tensor", 1, 100.0, 50.0, SWAP_TILE)
+    }
+    table = configs.build_files(tree, follows_rule)[
+        "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"
+    ][0]
+    assert "SWAP_AB" not in table["1"]
