@@ -67,6 +67,8 @@ RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results"
         "h200-series-decode-layer-bench",
         "h200-split-k-0.33-bench",
         "h200-split-k-0.33-layer-bench",
+        "h200-split-k-0.25-bench",
+        "h200-split-k-0.25-layer-bench",
         "h200-baseline-bench",
     ],
 )
