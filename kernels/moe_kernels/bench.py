@@ -419,6 +419,11 @@ def run_layer_case(variants, shape, quant, M, weights, gen, bandwidth) -> list[d
     return results
 
 
+def command_line(module: str, argv: list[str] | None) -> str:
+    """The command a result file records: this interpreter, ``-m module`` and its arguments."""
+    return " ".join([Path(sys.executable).name, "-m", module, *(argv or sys.argv[1:])])
+
+
 def environment() -> dict:
     if DEVICE == "cpu":
         return {
@@ -501,9 +506,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _write(args, argv, variants, bandwidth, rows) -> None:
     report = {
-        "command": " ".join(
-            [Path(sys.executable).name, "-m", "moe_kernels.bench", *(argv or sys.argv[1:])]
-        ),
+        "command": command_line("moe_kernels.bench", argv),
         "environment": environment(),
         "method": {
             "copies": COPIES,

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .align import prepare_expert_assignment
-from .bench import DEVICE, SHAPES, environment, gemm_dims
+from .bench import DEVICE, SHAPES, command_line, environment, gemm_dims
 from .dispatch import config_for
 from .launch import invoke_fused_moe_kernel
 from .loader import load_fused_moe_kernel
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     report = {
-        "command": " ".join(["python", "-m", "moe_kernels.jit_sweep", *(argv or sys.argv[1:])]),
+        "command": command_line("moe_kernels.jit_sweep", argv),
         "environment": environment(),
         "shape": args.shape,
         "quant": args.quant,

@@ -28,7 +28,16 @@ import triton
 import triton.language as tl
 
 from . import interpreter_compat
-from .bench import COPIES, DEVICE, LAUNCHES, SHAPES, _graph_time_us, environment, measure_bandwidth
+from .bench import (
+    COPIES,
+    DEVICE,
+    LAUNCHES,
+    SHAPES,
+    _graph_time_us,
+    command_line,
+    environment,
+    measure_bandwidth,
+)
 
 # (shape, GEMM, M, experts hit, BLOCK_SIZE_N, SPLIT_K): the dispatch of the
 # series for the worst decode cases in kernels/results/h200-series-bench.md.
@@ -121,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     report = {
-        "command": " ".join(["python", "-m", "moe_kernels.launch_floor", *(argv or sys.argv[1:])]),
+        "command": command_line("moe_kernels.launch_floor", argv),
         "environment": environment(),
         "bandwidth": bandwidth,
         "rows": rows,

@@ -40,6 +40,7 @@ from .bench import (
     DEVICE,
     SHAPES,
     Variant,
+    command_line,
     environment,
     gemm_dims,
     make_case,
@@ -278,7 +279,7 @@ def _write(args, argv, bandwidth, results) -> None:
     args.out.write_text(
         json.dumps(
             {
-                "command": " ".join(["python", "-m", "moe_kernels.tune", *(argv or sys.argv[1:])]),
+                "command": command_line("moe_kernels.tune", argv),
                 "environment": environment(),
                 "bandwidth": bandwidth,
                 "results": results,
