@@ -20,6 +20,12 @@ kernel, say), with their 8-token twins at M <= 8: a few minutes instead of an
 hour, for a kernel that computes the same tiles the same way.
 
     python -m moe_kernels.tune --tree 0.33.0+moe=/path --seeded-by tune-0.21.json --out t.json
+
+``--seeded-by`` may be given more than once; for a cell, a later file's search
+replaces an earlier one's (as :mod:`moe_kernels.configs` reads them).  With
+``--widen`` every seed is also re-timed with its neighbours outside the grid:
+each pipeline depth in ``WIDE_STAGES`` and weight tiles of up to 256 rows with
+a second warp group (``WIDE_TILES_N``), same token tile and split.
 """
 
 from __future__ import annotations
@@ -64,6 +70,12 @@ TILE_N = (64, 128)
 TILE_K = (128, 256)
 STAGES = (3, 4)
 SPLITS = (1, 2, 4)
+# --widen: a seed's neighbours.  Where K is short (DeepSeek-V3's second GEMM runs
+# two 128-deep K steps) a deep pipeline only adds prologue; wide weight tiles
+# amortise each program's fixed cost over more bytes; a 128- or 256-row tile
+# can give each of two warp groups its own 64 or 128 rows.
+WIDE_STAGES = (2, 3, 4)
+WIDE_TILES_N = ((64, 4), (128, 4), (128, 8), (256, 8))
 
 
 def _sm_count() -> int:
@@ -128,7 +140,31 @@ def _config_key(config: dict) -> tuple:
     return tuple(sorted(config.items()))
 
 
-def seeded_candidates(earlier: list[dict], shape_name: str, quant: str, M: int, top: int):
+def merged_searches(paths: list[Path]) -> list[dict]:
+    """The cells of several searches; a later file's cell replaces an earlier one's."""
+    cells = {}
+    for path in paths:
+        for cell in json.loads(path.read_text())["results"]:
+            cells[(cell["shape"], cell["quant"], cell["M"])] = cell
+    return list(cells.values())
+
+
+def widened(config: dict, quant: str) -> list[dict]:
+    """``config`` and its neighbours: every WIDE_STAGES depth, every WIDE_TILES_N
+    tile, and for per-tensor scales every TILE_K depth (block scales fix K at 128)."""
+    block_ks = (config["BLOCK_SIZE_K"],) if quant == "block" else TILE_K
+    return [
+        {**config, "BLOCK_SIZE_N": block_n, "num_warps": warps, "BLOCK_SIZE_K": block_k,
+         "num_stages": stages}
+        for (block_n, warps), block_k, stages in itertools.product(
+            WIDE_TILES_N, block_ks, WIDE_STAGES
+        )
+    ]  # fmt: skip
+
+
+def seeded_candidates(
+    earlier: list[dict], shape_name: str, quant: str, M: int, top: int, widen: bool = False
+):
     """The ``top`` fastest correct configs of cell (shape, quant, M) in an earlier
     search, and at M <= 8 the same configs with 8-token tiles.  ``SWAP_AB`` keys are
     dropped: every seed is a Swap-AB tile, which the launcher's rule swaps anyway,
@@ -154,6 +190,10 @@ def seeded_candidates(earlier: list[dict], shape_name: str, quant: str, M: int, 
         for config in seeds.values():
             twin = {**config, "BLOCK_SIZE_M": 8}
             out.setdefault(_config_key(twin), twin)
+    if widen:
+        for config in list(out.values()):
+            for neighbour in widened(config, quant):
+                out.setdefault(_config_key(neighbour), neighbour)
     return [
         c
         for c in out.values()
@@ -205,9 +245,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
-        "--seeded-by", type=Path, metavar="EARLIER.json", help="re-time an earlier search's best"
+        "--seeded-by",
+        type=Path,
+        action="append",
+        metavar="EARLIER.json",
+        help="re-time an earlier search's best (repeatable: a later file's cell wins)",
     )
     parser.add_argument("--top", type=int, default=6, help="configs per cell with --seeded-by")
+    parser.add_argument(
+        "--widen", action="store_true", help="with --seeded-by: also time each seed's neighbours"
+    )
     parser.add_argument(
         "--routings",
         type=int,
@@ -215,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         help="routings drawn per M; a config's time is the sum over them",
     )
     args = parser.parse_args(argv)
-    earlier = json.loads(args.seeded_by.read_text())["results"] if args.seeded_by else None
+    if args.widen and not args.seeded_by:
+        parser.error("--widen widens the seeds of --seeded-by: name an earlier search")
+    earlier = merged_searches(args.seeded_by) if args.seeded_by else None
 
     label, _, path = args.tree.partition("=")
     variant = Variant(label, Path(path), load_fused_moe_kernel(Path(path)))
@@ -238,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                 if earlier is None:
                     pool = candidates(quant, M, shape)
                 else:
-                    pool = seeded_candidates(earlier, shape_name, quant, M, args.top)
+                    pool = seeded_candidates(earlier, shape_name, quant, M, args.top, args.widen)
                 for candidate in pool:
                     timed = _joint(variant, draws, weights, candidate)
                     if timed is not None:
@@ -264,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"({own['up_us']:.1f}+{own['down_us']:.1f}) best={winner['us']:.1f}us "
                     f"({winner['up_us']:.1f}+{winner['down_us']:.1f}) "
                     f"{c['BLOCK_SIZE_M']}x{c['BLOCK_SIZE_N']}x{c['BLOCK_SIZE_K']} "
-                    f"s{c.get('num_stages')} split{c.get('SPLIT_K', 1)}",
+                    f"w{c.get('num_warps')} s{c.get('num_stages')} split{c.get('SPLIT_K', 1)}",
                     flush=True,
                 )
                 _write(args, argv, bandwidth, results)

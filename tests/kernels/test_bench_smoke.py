@@ -143,3 +143,41 @@ def test_seeded_tune_retimes_an_earlier_searchs_best_on_another_tree(
     configs = [t["config"] for t in result["all"][1:]]
     assert configs == [best, {**best, "BLOCK_SIZE_M": 8}]
     assert result["incorrect"] == 0 and result["tried"] == 3
+
+
+def _cell(shape, quant, M, *timed):
+    return {"shape": shape, "quant": quant, "M": M,
+            "all": [{"config": c, "us": us, "correct": True} for c, us in timed]}  # fmt: skip
+
+
+def test_widened_seeds_keep_the_token_tile_and_vary_the_rest(tmp_path):
+    from moe_kernels import tune
+
+    seed = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
+            "SPLIT_K": 1, "num_warps": 4, "num_stages": 4}  # fmt: skip
+    slower = {**seed, "BLOCK_SIZE_N": 128}
+    first, later = tmp_path / "first.json", tmp_path / "later.json"
+    first.write_text(json.dumps({"results": [_cell("deepseek-v3-tp8", "block", 32, (seed, 9.0))]}))
+    # The later search of the same cell replaces the first one's: its best is `slower`.
+    later.write_text(json.dumps({"results": [
+        _cell("deepseek-v3-tp8", "block", 32, (slower, 5.0), (seed, 6.0))]}))  # fmt: skip
+    earlier = tune.merged_searches([first, later])
+    pool = tune.seeded_candidates(earlier, "deepseek-v3-tp8", "block", 32, top=1, widen=True)
+    assert pool[0] == slower
+    # block scales fix K; every stage depth for every (tile, warps) pair, no duplicates
+    assert len(pool) == len(tune.WIDE_TILES_N) * len(tune.WIDE_STAGES)
+    assert {(c["BLOCK_SIZE_N"], c["num_warps"]) for c in pool} == set(tune.WIDE_TILES_N)
+    assert {c["num_stages"] for c in pool} == set(tune.WIDE_STAGES)
+    assert all(c["BLOCK_SIZE_M"] == 16 and c["BLOCK_SIZE_K"] == 128 for c in pool)
+    tensor = tune.widened(seed, "tensor")
+    assert {c["BLOCK_SIZE_K"] for c in tensor} == set(tune.TILE_K)
+    assert tune.seeded_candidates(earlier, "deepseek-v3-tp8", "block", 32, top=1) == [slower]
+
+
+def test_widen_without_seeds_is_refused(tmp_path, capsys):
+    from moe_kernels import tune
+
+    with pytest.raises(SystemExit) as exit_info:
+        tune.main(["--tree=x=/nowhere", "--widen", "--out", str(tmp_path / "t.json")])
+    assert exit_info.value.code == 2
+    assert "--widen widens the seeds of --seeded-by" in capsys.readouterr().err
