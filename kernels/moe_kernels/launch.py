@@ -79,6 +79,12 @@ def patched_split_k(use_fp8_w8a8: bool, split_k: int, programs: int, sm_count: i
     return split_k
 
 
+def patched_pipeline_depth(num_stages: int, k: int, block_k: int, split_k: int) -> int:
+    """moe-patch's ``pipeline_depth_for`` rule: a Swap-AB launch pipelines its K
+    loop over no more stages than the loop has steps, and never fewer than two."""
+    return min(num_stages, max(2, _cdiv(_cdiv(k, block_k), split_k)))
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -229,6 +235,10 @@ def invoke_fused_moe_kernel(
         values["SWAP_AB"] = bool(swap_ab)
     elif swap_ab:
         raise ValueError(f"the kernel in {loaded.tree} has no SWAP_AB parameter")
+    if values.get("SWAP_AB") and loaded.caps_pipeline_depth and "num_stages" in launch_opts:
+        launch_opts["num_stages"] = patched_pipeline_depth(
+            launch_opts["num_stages"], B.size(2), block_k, split_k
+        )
     if "USE_TD" in params:
         if use_td is not None:
             values["USE_TD"] = bool(use_td)

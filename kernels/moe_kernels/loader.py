@@ -77,6 +77,12 @@ class LoadedKernel:
         function = getattr(self.kernel, "fn", self.kernel)
         return self.has_param("SPLIT_K") and "program_id(axis=1)" in inspect.getsource(function)
 
+    @functools.cached_property
+    def caps_pipeline_depth(self) -> bool:
+        """Whether the tree's launcher caps a Swap-AB launch's ``num_stages`` at its
+        K loop's length (moe-patch's ``pipeline_depth_for``)."""
+        return "\ndef pipeline_depth_for(" in self.source_path.read_text()
+
     def runtime_non_specialized(self) -> dict[str, tuple[str, ...]]:
         """Parameter names Triton itself treats as ``do_not_specialize`` /
         ``do_not_specialize_on_alignment`` (read back from the JIT object, as a

@@ -8,20 +8,22 @@
   measurements, byte for byte.
 * ``moe_kernels.configs`` keeps shipped entries unless a search beat them by
   more than its noise margin, and fills new files with the tree's defaults.
-* The harness's split-K rule is the patch's own ``split_k_for``, run from the
-  patched tree's source.
+* The harness's split-K and pipeline-depth rules are the patches' own
+  ``split_k_for`` and ``pipeline_depth_for``, run from the patched tree's source.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from moe_kernels import configs
-from moe_kernels.launch import patched_split_k
+import triton
+from moe_kernels import configs, load_fused_moe_kernel
+from moe_kernels.launch import patched_pipeline_depth, patched_split_k
 from moe_kernels.loader import FUSED_MOE_REL
 
 RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results"
@@ -128,6 +130,36 @@ def test_harness_split_rule_is_the_patchs(release_trees, label, sm_count):
                 assert patched_split_k(fp8, split_k, programs, sm_count) == want
     assert split_k_for(True, 4, sm_count - 1, device) == 4
     assert split_k_for(True, 4, sm_count, device) == 1
+
+
+@pytest.mark.parametrize("label", ["0.21.0+moe", "0.33.0+moe"])
+def test_harness_pipeline_rule_is_the_patchs(release_trees, label):
+    tree = release_trees(label)
+    source = (tree / FUSED_MOE_REL).read_text()
+    node = next(
+        n
+        for n in ast.parse(source).body
+        if isinstance(n, ast.FunctionDef) and n.name == "pipeline_depth_for"
+    )
+    namespace = {"triton": triton}
+    exec(
+        compile(ast.get_source_segment(source, node), str(tree / FUSED_MOE_REL), "exec"), namespace
+    )
+    pipeline_depth_for = namespace["pipeline_depth_for"]
+    for stages, k, block_k, split_k in itertools.product(
+        (1, 2, 3, 4, 5), (128, 256, 768, 7168, 14336), (64, 128, 256), (1, 2, 4)
+    ):
+        want = pipeline_depth_for(stages, k, block_k, split_k)
+        assert patched_pipeline_depth(stages, k, block_k, split_k) == want
+    assert pipeline_depth_for(4, 256, 128, 1) == 2  # DeepSeek-V3's second GEMM at TP8
+    assert pipeline_depth_for(4, 7168, 128, 4) == 4  # its first GEMM, even split four ways
+    assert pipeline_depth_for(3, 128, 128, 1) == 2  # never below two
+
+
+@pytest.mark.parametrize("label", ["0.21.0", "0.21.0+moe", "0.33.0", "0.33.0+moe"])
+def test_harness_knows_which_launchers_cap_the_pipeline(release_trees, label):
+    loaded = load_fused_moe_kernel(release_trees(label))
+    assert loaded.caps_pipeline_depth == label.endswith("+moe")
 
 
 def test_no_swap_override_in_tables_for_upstreams_launcher(release_trees):

@@ -2,7 +2,7 @@
 
 The harness launches kernels through its mirror (``moe_kernels.launch``); this test
 runs the vLLM function itself, cut out of the patched tree with :mod:`ast` together
-with ``split_k_for`` and the swap rule (the swap-ab patch's ``use_swap_ab`` on 0.21.0,
+with ``split_k_for``, ``pipeline_depth_for`` and the swap rule (the swap-ab patch's ``use_swap_ab`` on 0.21.0,
 upstream's ``enable_swap_ab`` under swap-ab-split-k on 0.33.0), against stand-ins for
 ``current_platform`` (its SM count and SM90 flag are the test's parameters).  It checks what only the
 real launcher does for split-K: zero the output, give the grid its second axis,
@@ -29,7 +29,7 @@ from moe_kernels.quant import quantize_activations
 from moe_kernels.reference import ref_fp8_moe_gemm
 from moe_testdata import assert_gemm_matches, make_activations, make_routing, make_weights
 
-LAUNCHER_FUNCTIONS = ("split_k_for", "invoke_fused_moe_triton_kernel")
+LAUNCHER_FUNCTIONS = ("split_k_for", "pipeline_depth_for", "invoke_fused_moe_triton_kernel")
 UTILS_REL = FUSED_MOE_REL.parent / "utils.py"
 PATCHED_TREES = ("0.21.0+moe", "0.33.0+moe")
 E, K, N, M, TOPK = 8, 256, 192, 3, 2
@@ -45,14 +45,15 @@ CONFIG = {
 
 
 class _RecordingKernel:
-    """``fused_moe_kernel`` that remembers the grid each launch resolved to."""
+    """``fused_moe_kernel`` that remembers the grid and pipeline depth of each launch."""
 
     def __init__(self, kernel):
-        self.kernel, self.grids = kernel, []
+        self.kernel, self.grids, self.stages = kernel, [], []
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.grids.append(grid(kwargs) if callable(grid) else grid)
+            self.stages.append(kwargs.get("num_stages"))
             return self.kernel[grid](*args, **kwargs)
 
         return launch
@@ -130,4 +131,35 @@ def test_patched_launcher_splits_k(release_trees, label, mode, sm_count, sm90, g
         a_q, a_s, bq, bs, ids, mode, topk_weights=tw, mul_routed_weight=True,
         block_shape=block_shape,
     )  # fmt: skip
+    assert_gemm_matches(C, ref)
+
+
+@pytest.mark.parametrize("sm90", [False, True], ids=["noswap", "swap"])
+@pytest.mark.parametrize("label", PATCHED_TREES)
+def test_patched_launcher_caps_pipeline_depth_when_swapping(
+    release_trees, label, sm90, gen, device
+):
+    invoke, kernel = _launcher(release_trees(label), 132, sm90)
+    if device.type == "cpu":
+        interpreter_compat.apply()
+    out_dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    w = make_weights(E, N, K, gen, device)
+    a = make_activations(M, K, gen, device)
+    ids, tw = make_routing(M, TOPK, E, gen, device)
+    bq, bs = quantize_weights(w, "tensor", None)
+    a_q, a_s = quantize_activations(a, "tensor", None)
+    # K = 256 in 128-deep tiles: two K steps, so a 4-stage pipeline is two too deep.
+    config = {**CONFIG, "BLOCK_SIZE_K": 128, "SPLIT_K": 1, "num_stages": 4}
+    sorted_ids, expert_ids, num_post = prepare_expert_assignment(
+        ids, config["BLOCK_SIZE_M"], E, naive=False
+    )
+    C = torch.full((M, TOPK, N), float("nan"), dtype=out_dtype, device=device)
+    invoke(
+        a_q, bq, C, a_s, bs, tw, sorted_ids, expert_ids, num_post, True, TOPK, config,
+        compute_type_for(out_dtype), use_fp8_w8a8=True, use_int8_w8a8=False,
+        use_int8_w8a16=False, use_int4_w4a16=False, per_channel_quant=False, block_shape=None,
+    )  # fmt: skip
+    assert kernel.stages == [2 if sm90 else 4]  # only the Swap-AB kernel is capped
+    assert config["num_stages"] == 4, "the caller's config is left as it was"
+    ref = ref_fp8_moe_gemm(a_q, a_s, bq, bs, ids, "tensor", topk_weights=tw, mul_routed_weight=True)
     assert_gemm_matches(C, ref)
