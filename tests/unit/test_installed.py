@@ -174,6 +174,35 @@ def test_interrupted_apply_is_reported_and_revert_finishes_it(site, monkeypatch)
     assert tree_digest(site) == before
 
 
+def test_revert_removes_what_a_kill_mid_write_left_behind(site, monkeypatch):
+    """A SIGKILL inside a write leaves the writer's temporary file: ours beside the file
+    being replaced, py_compile's (``NAME.pyc.<id>``) beside the bytecode."""
+    before = tree_digest(site)
+    real = installed._write_atomic
+
+    class Killed(BaseException):
+        def __init__(self, *args):
+            super().__init__()
+
+    def killed_mid_write(path, data, mode=None):
+        if path.is_relative_to(site / "vllm"):  # the first package file, half written
+            path.with_name(f".{path.name}.moe-patch-tmp").write_bytes(data[: len(data) // 2])
+            raise Killed
+        return real(path, data, mode)
+
+    monkeypatch.setattr(installed, "_write_atomic", killed_mid_write)
+    monkeypatch.setattr(installed, "_rollback", lambda *args: None)
+    with pytest.raises(Killed):
+        installed.apply(site)
+    monkeypatch.setattr(installed, "_write_atomic", real)
+    (pyc,) = (site / KERNEL).parent.glob("__pycache__/fused_moe.*.pyc")
+    pyc.with_name(f"{pyc.name}.140234567").write_bytes(b"half a pyc")  # py_compile's temp name
+    assert tree_digest(site) != before
+
+    assert run("revert", "--installed", "--target", str(site)).exit_code == 0
+    assert tree_digest(site) == before
+
+
 def test_revert_refuses_to_lose_a_later_change(site):
     assert run("apply", "--installed", "--target", str(site)).exit_code == 0
     (site / KERNEL).write_text("# replaced\n")

@@ -594,6 +594,22 @@ def _rollback(install: Install, state: State, written: list[str], record_bytes, 
     shutil.rmtree(install.state_dir, ignore_errors=True)
 
 
+def _remove_partial_writes(install: Install, state: State) -> None:
+    """Remove the temporary files a run killed inside a write leaves next to the file
+    it was replacing: ours (``.NAME.moe-patch-tmp``, :func:`_write_atomic`) and
+    py_compile's (``NAME.pyc.<digits>``).  Only a SIGKILL skips the writers' own
+    clean-up, so the names are theirs alone."""
+    paths = [install.site / entry.path for entry in state.files]
+    for path in [*paths, install.dist_info / "RECORD"]:
+        path.with_name(f".{path.name}.moe-patch-tmp").unlink(missing_ok=True)
+    for entry, path in zip(state.files, paths, strict=True):
+        if entry.change == "compiled" and path.parent.is_dir():
+            for leftover in path.parent.iterdir():
+                suffix = leftover.name[len(path.name) + 1 :]
+                if leftover.name.startswith(f"{path.name}.") and suffix.isdigit():
+                    leftover.unlink(missing_ok=True)
+
+
 def _restore(path: Path, data: bytes, before: dict) -> None:
     _write_atomic(path, data, before["mode"])
     os.utime(path, ns=(before["mtime_ns"], before["mtime_ns"]))
@@ -655,6 +671,7 @@ def revert(target: Path | None = None) -> InstalledReport:
             else:
                 _restore(path, saved[entry.path], entry.before)
         _restore(install.dist_info / "RECORD", record_backup, state.record)
+        _remove_partial_writes(install, state)
         for directory in reversed(state.created_dirs):
             pycache = site / directory / "__pycache__"
             with contextlib.suppress(OSError):
