@@ -101,21 +101,27 @@ def test_tables_keep_what_the_search_did_not_beat(release_trees):
     assert "SPLIT_K" not in table["8"]  # a default's SPLIT_K of 1 is not written
 
 
-def _patch_split_k_for(tree: Path, sm_count: int):
+def _patch_function(tree: Path, name: str, namespace: dict):
+    """The patched tree's own top-level function ``name``, run from its source in ``namespace``."""
     source = (tree / FUSED_MOE_REL).read_text()
     node = next(
-        n
-        for n in ast.parse(source).body
-        if isinstance(n, ast.FunctionDef) and n.name == "split_k_for"
+        n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name
     )
-    namespace = {
-        "torch": SimpleNamespace(device=object),
-        "current_platform": SimpleNamespace(num_compute_units=lambda device_id=0: sm_count),
-    }
     exec(
         compile(ast.get_source_segment(source, node), str(tree / FUSED_MOE_REL), "exec"), namespace
     )
-    return namespace["split_k_for"]
+    return namespace[name]
+
+
+def _patch_split_k_for(tree: Path, sm_count: int):
+    return _patch_function(
+        tree,
+        "split_k_for",
+        {
+            "torch": SimpleNamespace(device=object),
+            "current_platform": SimpleNamespace(num_compute_units=lambda device_id=0: sm_count),
+        },
+    )
 
 
 @pytest.mark.parametrize("sm_count", [78, 132])
@@ -134,18 +140,9 @@ def test_harness_split_rule_is_the_patchs(release_trees, label, sm_count):
 
 @pytest.mark.parametrize("label", ["0.21.0+moe", "0.33.0+moe"])
 def test_harness_pipeline_rule_is_the_patchs(release_trees, label):
-    tree = release_trees(label)
-    source = (tree / FUSED_MOE_REL).read_text()
-    node = next(
-        n
-        for n in ast.parse(source).body
-        if isinstance(n, ast.FunctionDef) and n.name == "pipeline_depth_for"
+    pipeline_depth_for = _patch_function(
+        release_trees(label), "pipeline_depth_for", {"triton": triton}
     )
-    namespace = {"triton": triton}
-    exec(
-        compile(ast.get_source_segment(source, node), str(tree / FUSED_MOE_REL), "exec"), namespace
-    )
-    pipeline_depth_for = namespace["pipeline_depth_for"]
     for stages, k, block_k, split_k in itertools.product(
         (1, 2, 3, 4, 5), (128, 256, 768, 7168, 14336), (64, 128, 256), (1, 2, 4)
     ):
