@@ -55,6 +55,7 @@ from .bench import (
     routing,
     time_variant,
 )
+from .configs import load_results
 from .launch import token_rows_launched
 from .loader import load_fused_moe_kernel
 
@@ -138,15 +139,6 @@ def candidates(quant: str, M: int, shape) -> list[dict]:
 
 def _config_key(config: dict) -> tuple:
     return tuple(sorted(config.items()))
-
-
-def merged_searches(paths: list[Path]) -> list[dict]:
-    """The cells of several searches; a later file's cell replaces an earlier one's."""
-    cells = {}
-    for path in paths:
-        for cell in json.loads(path.read_text())["results"]:
-            cells[(cell["shape"], cell["quant"], cell["M"])] = cell
-    return list(cells.values())
 
 
 def widened(config: dict, quant: str) -> list[dict]:
@@ -264,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.widen and not args.seeded_by:
         parser.error("--widen widens the seeds of --seeded-by: name an earlier search")
-    earlier = merged_searches(args.seeded_by) if args.seeded_by else None
+    # configs.load_results merges searches as the tables are built: a later file's cell wins.
+    earlier = list(load_results(args.seeded_by).values()) if args.seeded_by else None
 
     label, _, path = args.tree.partition("=")
     variant = Variant(label, Path(path), load_fused_moe_kernel(Path(path)))

@@ -151,7 +151,7 @@ def _cell(shape, quant, M, *timed):
 
 
 def test_widened_seeds_keep_the_token_tile_and_vary_the_rest(tmp_path):
-    from moe_kernels import tune
+    from moe_kernels import configs, tune
 
     seed = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
             "SPLIT_K": 1, "num_warps": 4, "num_stages": 4}  # fmt: skip
@@ -161,7 +161,7 @@ def test_widened_seeds_keep_the_token_tile_and_vary_the_rest(tmp_path):
     # The later search of the same cell replaces the first one's: its best is `slower`.
     later.write_text(json.dumps({"results": [
         _cell("deepseek-v3-tp8", "block", 32, (slower, 5.0), (seed, 6.0))]}))  # fmt: skip
-    earlier = tune.merged_searches([first, later])
+    earlier = list(configs.load_results([first, later]).values())
     pool = tune.seeded_candidates(earlier, "deepseek-v3-tp8", "block", 32, top=1, widen=True)
     assert pool[0] == slower
     # block scales fix K; every stage depth for every (tile, warps) pair, no duplicates

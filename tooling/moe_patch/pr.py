@@ -652,10 +652,10 @@ def _bench_section(data: dict) -> str:
     """A ``moe_kernels.bench`` run as a table: each release against itself with the
     patch (variants ``X`` and ``X+moe``), median microseconds per call."""
     env = data.get("environment", {})
-    times: dict[tuple, float] = {}
-    for row in data["rows"]:
-        key = (row["shape"], row["gemm"], row["quant"], row["M"], row["variant"])
-        times[key] = row["us"]
+    times = {
+        (row["shape"], row["gemm"], row["quant"], row["M"], row["variant"]): row["us"]
+        for row in data["rows"]
+    }
     pairs = sorted(
         {
             (k[4], f"{k[4]}+moe")
@@ -675,15 +675,13 @@ def _bench_section(data: dict) -> str:
         "| model shape | GEMM | FP8 scales | M | before | after | speed-up |",
         "|---|---|---|---|---|---|---|",
     ]
-    cells = sorted({k[:4] for k in times}, key=lambda k: (k[0], k[1], k[2], k[3]))
+    cells = sorted({k[:4] for k in times if k[3] in PR_TABLE_M})
     for before, after in pairs:
-        for shape, gemm, quant, m in cells:
-            b, a = (
-                times.get((shape, gemm, quant, m, before)),
-                times.get((shape, gemm, quant, m, after)),
-            )
-            if b is None or a is None or m not in PR_TABLE_M:
+        for cell in cells:
+            b, a = times.get((*cell, before)), times.get((*cell, after))
+            if b is None or a is None:
                 continue
+            shape, gemm, quant, m = cell
             lines.append(f"| {shape} | {gemm} | {quant} | {m} | {b:.1f} | {a:.1f} | {b / a:.2f}× |")
     return "\n".join(lines)
 
