@@ -79,28 +79,6 @@ def patched_split_k(use_fp8_w8a8: bool, split_k: int, programs: int, sm_count: i
     return split_k
 
 
-# The patch's split-K arrival counters, per (device, stream): the kernel resets
-# each to zero, so they are zeroed once, when made, as in the patch.
-_split_k_arrivals: dict[tuple[torch.device, int], torch.Tensor] = {}
-
-
-def split_k_workspace(
-    split_k: int, programs: int, block_m: int, block_n: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The swap-ab patch's ``split_k_workspace``: an fp32 partial tile per program
-    and K slice (uninitialised) and one arrival counter per program (kept)."""
-    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-    key = (device, 0 if stream is None else stream.cuda_stream)
-    arrivals = _split_k_arrivals.get(key)
-    if arrivals is None or arrivals.numel() < programs:
-        arrivals = torch.zeros(programs, dtype=torch.int32, device=device)
-        _split_k_arrivals[key] = arrivals
-    partials = torch.empty(
-        (split_k, programs, block_m * block_n), dtype=torch.float32, device=device
-    )
-    return partials, arrivals
-
-
 def patched_pipeline_depth(num_stages: int, k: int, block_k: int, split_k: int) -> int:
     """moe-patch's ``pipeline_depth_for`` rule: a Swap-AB launch pipelines its K
     loop over no more stages than the loop has steps, and never fewer than two."""
@@ -192,14 +170,8 @@ def invoke_fused_moe_kernel(
         torch.cuda.get_device_properties(A.device).multi_processor_count if A.is_cuda else None
     )
     split_k = patched_split_k(use_fp8_w8a8, split_k, programs, sm_count)
-    split_k_scratch: dict[str, torch.Tensor | None] = {}
-    if loaded.reduces_split_k:
-        partials = arrivals = None
-        if split_k > 1:
-            partials, arrivals = split_k_workspace(split_k, programs, block_m, block_n, A.device)
-        split_k_scratch = {"split_k_partials_ptr": partials, "split_k_arrivals_ptr": arrivals}
-    elif split_k > 1:
-        C.zero_()  # an earlier series: the K slices add their partial tiles atomically
+    if split_k > 1:
+        C.zero_()  # the K slices add their partial tiles atomically
     grid = (programs, split_k)
     if block_shape is not None:
         block_k = min(block_k, min(block_shape[0], block_shape[1]))
@@ -256,7 +228,6 @@ def invoke_fused_moe_kernel(
         "HAS_BIAS": B_bias is not None,
     }
     values.update(cfg)  # BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M, ...
-    values.update(split_k_scratch)
 
     if "SWAP_AB" in params:
         if swap_ab is None:

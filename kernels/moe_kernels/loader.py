@@ -77,13 +77,6 @@ class LoadedKernel:
         function = getattr(self.kernel, "fn", self.kernel)
         return self.has_param("SPLIT_K") and "program_id(axis=1)" in inspect.getsource(function)
 
-    @property
-    def reduces_split_k(self) -> bool:
-        """Whether the kernel's K slices meet in a scratch buffer (the last slice to
-        arrive sums the partials and writes the tile) instead of adding into a
-        zeroed output with atomics, as the series did before."""
-        return self.has_param("split_k_partials_ptr")
-
     @functools.cached_property
     def caps_pipeline_depth(self) -> bool:
         """Whether the tree's launcher caps a Swap-AB launch's ``num_stages`` at its

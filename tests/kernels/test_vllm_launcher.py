@@ -2,13 +2,13 @@
 
 The harness launches kernels through its mirror (``moe_kernels.launch``); this test
 runs the vLLM function itself, cut out of the patched tree with :mod:`ast` together
-with ``split_k_for``, ``split_k_workspace``, ``pipeline_depth_for`` and the swap rule (the swap-ab patch's ``use_swap_ab`` on 0.21.0,
+with ``split_k_for``, ``pipeline_depth_for`` and the swap rule (the swap-ab patch's ``use_swap_ab`` on 0.21.0,
 upstream's ``enable_swap_ab`` under swap-ab-split-k on 0.33.0), against stand-ins for
 ``current_platform`` (its SM count and SM90 flag are the test's parameters).  It checks what only the
-real launcher does for split-K: hand the kernel its scratch (partial tiles and arrival
-counters the kernel leaves at zero; the output is not zeroed), give the grid its second
-axis, honour SPLIT_K only while the grid is smaller than the GPU, and get the product
-right either way, with bf16 output.
+real launcher does for split-K: zero the output, give the grid its second axis,
+honour SPLIT_K only while the grid is smaller than the GPU, and get the product
+right either way.  On CPU it runs in Triton's interpreter with fp16 output (the
+interpreter has no bf16 atomics); on CUDA with bf16.
 """
 
 from __future__ import annotations
@@ -29,12 +29,7 @@ from moe_kernels.quant import quantize_activations
 from moe_kernels.reference import ref_fp8_moe_gemm
 from moe_testdata import assert_gemm_matches, make_activations, make_routing, make_weights
 
-LAUNCHER_FUNCTIONS = (
-    "split_k_for",
-    "split_k_workspace",
-    "pipeline_depth_for",
-    "invoke_fused_moe_triton_kernel",
-)
+LAUNCHER_FUNCTIONS = ("split_k_for", "pipeline_depth_for", "invoke_fused_moe_triton_kernel")
 UTILS_REL = FUSED_MOE_REL.parent / "utils.py"
 PATCHED_TREES = ("0.21.0+moe", "0.33.0+moe")
 E, K, N, M, TOPK = 8, 256, 192, 3, 2
@@ -95,11 +90,9 @@ def _launcher(tree, sm_count: int, sm90: bool):
         "warn_if_moe_use_td_ineffective": lambda *args, **kwargs: None,
         "set_triton_allocator": lambda device: None,
         "logger": SimpleNamespace(warning_once=lambda *args, **kwargs: None),
-        "_split_k_arrivals": {},  # the module's counters, here the test's to inspect
     }  # fmt: skip
     code = "\n\n".join(found.values())
     exec(compile(code, str(tree / FUSED_MOE_REL), "exec"), namespace)
-    kernel.arrivals = namespace["_split_k_arrivals"]
     return namespace["invoke_fused_moe_triton_kernel"], kernel
 
 
@@ -111,7 +104,7 @@ def test_patched_launcher_splits_k(release_trees, label, mode, sm_count, sm90, g
     invoke, kernel = _launcher(release_trees(label), sm_count, sm90)
     if device.type == "cpu":
         interpreter_compat.apply()
-    out_dtype = torch.bfloat16
+    out_dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
     block_shape = [128, 128] if mode == "block" else None
     w = make_weights(E, N, K, gen, device)
     a = make_activations(M, K, gen, device)
@@ -133,12 +126,7 @@ def test_patched_launcher_splits_k(release_trees, label, mode, sm_count, sm90, g
     programs = grid[0]
     assert programs < 132, "the case must be one the rule lets split on a 132-SM GPU"
     assert grid[1] == (CONFIG["SPLIT_K"] if sm_count > programs else 1)
-    assert not C.isnan().any(), "every row must be written, with or without a split"
-    if grid[1] > 1:
-        (arrivals,) = kernel.arrivals.values()
-        assert arrivals.numel() >= programs and (arrivals == 0).all()
-    else:
-        assert not kernel.arrivals, "no scratch for a launch that does not split"
+    assert not C.isnan().any(), "every row must be written (zeroed first when split)"
     ref = ref_fp8_moe_gemm(
         a_q, a_s, bq, bs, ids, mode, topk_weights=tw, mul_routed_weight=True,
         block_shape=block_shape,
