@@ -7,6 +7,14 @@ named by the tree's own ``get_config_file_name``):
 * a file the tree already ships keeps every entry, except the token counts
   where the search found a config faster than the shipped one by more than
   ``MIN_GAIN`` (the noise of the search, measured in the same run);
+* where the search also timed peers (``tune --peer``: the release as shipped,
+  another release's own kernel and dispatch), only configs that *keep pace* are
+  chosen, i.e. neither GEMM slower than ``PEER_FLOOR`` times the same GEMM of
+  any peer; the fastest of those replaces the tree's entry when that entry does
+  not keep pace itself or is slower by more than ``MIN_GAIN``.  vLLM launches
+  both GEMMs with one config, so the fastest pair of GEMMs can hide one GEMM
+  that lost to a peer; this trades a little of the pair for neither losing.
+  Where nothing keeps pace, the fastest pair is chosen as before;
 * a new file holds the searched token counts (the winner, or the tree's
   default when nothing beat it by ``MIN_GAIN``) and, for larger batches,
   the tree's own default at vLLM's usual batch sizes, so the file changes
@@ -30,6 +38,7 @@ from .dispatch import _selection
 from .loader import FUSED_MOE_REL
 
 MIN_GAIN = 0.03
+PEER_FLOOR = 0.98
 GPU_NAME = "NVIDIA H200"
 # Batch sizes vLLM's benchmark_moe tunes beyond the decode range searched here.
 LARGER_M = (96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
@@ -62,20 +71,78 @@ def vllm_entry(config: dict) -> dict:
 
 
 def load_results(paths: list[Path]) -> dict[tuple[str, str, int], dict]:
-    """(shape, quant, M) -> result row; a later file wins over an earlier one."""
+    """(shape, quant, M) -> result row; a later file wins over an earlier one, except
+    that a row timed with peers keeps the row it replaced as ``earlier``: its peers
+    then only veto the earlier choice (:func:`chosen`)."""
     rows = {}
     for path in paths:
         for row in json.loads(path.read_text())["results"]:
-            rows[(row["shape"], row["quant"], row["M"])] = row
+            key = (row["shape"], row["quant"], row["M"])
+            if row.get("peers") and key in rows:
+                row = {**row, "earlier": rows[key]}
+            rows[key] = row
     return rows
+
+
+def _same_launch(a: dict, b: dict) -> bool:
+    """Configs equal as launches (SPLIT_K 1 when absent; the swap follows the rule)."""
+
+    def norm(config: dict) -> dict:
+        return {"SPLIT_K": 1, **{k: v for k, v in config.items() if k != "SWAP_AB"}}
+
+    return norm(a) == norm(b)
+
+
+def keeps_pace(timed: dict, peers: list[dict]) -> bool:
+    """Neither GEMM of ``timed`` is slower than ``PEER_FLOOR`` x that GEMM of a peer."""
+    return all(
+        PEER_FLOOR * timed[f"{gemm}_us"] <= peer[f"{gemm}_us"]
+        for peer in peers
+        for gemm in ("up", "down")
+    )
 
 
 def chosen(row: dict) -> tuple[dict | None, str]:
     """The config to ship for one searched M (None: keep the tree's own), and why."""
     own, best = row["dispatch"], row["best"]
+    peers = {label: p for label, p in row.get("peers", {}).items() if p and p["correct"]}
+    if peers and "earlier" in row:
+        entry, why = chosen(row["earlier"])
+        config = own["config"] if entry is None else entry
+        timed = next((t for t in row["all"] if _same_launch(t["config"], config)), None)
+        if timed is None:
+            raise ValueError(
+                f"{row['shape']} {row['quant']} M={row['M']}: the search with peers did not "
+                f"time the earlier choice {config}; seed it with the earlier search"
+            )
+        refs = list(peers.values())
+        if timed["correct"] and keeps_pace(timed, refs):
+            return entry, why
+        if not any(t["correct"] and keeps_pace(t, refs) for t in row["all"]):
+            return entry, f"{why}; nothing searched keeps pace with {', '.join(peers)}"
+        row = {k: v for k, v in row.items() if k != "earlier"}
+        entry, why = chosen(row)
+        return entry, f"{why}; the earlier choice, {timed['us']:.1f} us, did not"
+    if peers:
+        refs = list(peers.values())
+        pace = [t for t in row["all"] if t["correct"] and keeps_pace(t, refs)]
+        if pace:
+            fastest = min(pace, key=lambda t: t["us"])
+            names = ", ".join(peers)
+            if keeps_pace(own, refs) and fastest["us"] > (1 - MIN_GAIN) * own["us"]:
+                return None, (
+                    f"own {own['us']:.1f} us keeps pace with {names}; the fastest that does, "
+                    f"{fastest['us']:.1f} us, is within {MIN_GAIN:.0%}"
+                )
+            return vllm_entry(fastest["config"]), (
+                f"{fastest['us']:.1f} us vs own {own['us']:.1f} us, keeps pace with {names}"
+                + ("" if fastest == best else f" (fastest pair {best['us']:.1f} us does not)")
+            )
+    unmatched = "; nothing keeps pace with the peers" if peers else ""
     if best["us"] > (1 - MIN_GAIN) * own["us"]:
-        return None, f"own {own['us']:.1f} us; best {best['us']:.1f} us is within {MIN_GAIN:.0%}"
-    return vllm_entry(best["config"]), f"{best['us']:.1f} us vs own {own['us']:.1f} us"
+        why = f"own {own['us']:.1f} us; best {best['us']:.1f} us is within {MIN_GAIN:.0%}"
+        return None, why + unmatched
+    return vllm_entry(best["config"]), f"{best['us']:.1f} us vs own {own['us']:.1f} us{unmatched}"
 
 
 def _default(ns: dict, shape, block: list[int] | None, M: int) -> dict:

@@ -42,7 +42,9 @@ def _header(report: dict) -> list[str]:
         m = report["method"]
         lines.append(
             f"- method: one CUDA graph of {m['launches_per_graph']} launches rotating over "
-            f"{m['copies']} weight copies, {m['replays']} replays, median µs per launch; output "
+            f"{m['copies']} weight copies, {m['replays']} replays"
+            + (f" after {m['warmup_replays']} untimed ones" if m.get("warmup_replays") else "")
+            + ", median µs per launch; output "
             "poisoned with NaN and checked against a float64 reference first"
         )
         if "layer_calls_per_graph" in m:

@@ -26,6 +26,13 @@ replaces an earlier one's (as :mod:`moe_kernels.configs` reads them).  With
 ``--widen`` every seed is also re-timed with its neighbours outside the grid:
 each pipeline depth in ``WIDE_STAGES`` and weight tiles of up to 256 rows with
 a second warp group (``WIDE_TILES_N``), same token tile and split.
+
+``--peer LABEL=PATH`` (repeatable) also times another tree's own dispatch, its
+kernel with its config, on the same routings (``peers`` in each row), and adds that
+config to the candidates: :mod:`moe_kernels.configs` then prefers configs whose
+every GEMM keeps pace with every peer.
+
+    python -m moe_kernels.tune --tree 0.21.0+moe=/path --peer 0.21.0=/a --peer 0.33.0=/b ...
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from .align import max_num_tokens_padded, use_naive_block_assignment
 from .bench import (
     DEVICE,
     SHAPES,
+    WARMUP_REPLAYS,
     Variant,
     command_line,
     environment,
@@ -194,6 +202,26 @@ def seeded_candidates(
     ]
 
 
+def _with_peer_configs(pool: list[dict], peer_timings, own: dict) -> list[dict]:
+    """``pool`` plus each peer's own config (without ``SWAP_AB``: this tree's launcher
+    applies its own rule), each config once and none that is this tree's own."""
+
+    def key(config: dict) -> tuple:
+        return _config_key({"SPLIT_K": 1, **{k: v for k, v in config.items() if k != "SWAP_AB"}})
+
+    seen = {key(own["config"])} if own is not None else set()
+    out = {}
+    for config in pool:
+        out.setdefault(key(config), config)
+    for timed in peer_timings:
+        if timed is not None and key(timed["config"]) not in seen | out.keys():
+            out[key(timed["config"])] = {
+                "SPLIT_K": 1,
+                **{k: v for k, v in timed["config"].items() if k != "SWAP_AB"},
+            }
+    return list(out.values())
+
+
 def _joint(variant, draws, weights, config=None) -> dict | None:
     """Time one config on both GEMMs, summed over the routings in ``draws`` (pairs of
     cases and reference caches); None when it does not fit the SM or does not compile."""
@@ -248,6 +276,13 @@ def main(argv: list[str] | None = None) -> int:
         "--widen", action="store_true", help="with --seeded-by: also time each seed's neighbours"
     )
     parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="LABEL=PATH",
+        help="also time this tree's own dispatch per cell, and try its config (repeatable)",
+    )
+    parser.add_argument(
         "--routings",
         type=int,
         default=1,
@@ -261,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
 
     label, _, path = args.tree.partition("=")
     variant = Variant(label, Path(path), load_fused_moe_kernel(Path(path)))
+    peer_variants = []
+    for spec in args.peer:
+        peer_label, _, peer_path = spec.partition("=")
+        peer_variants.append(
+            Variant(peer_label, Path(peer_path), load_fused_moe_kernel(Path(peer_path)))
+        )
     gen = torch.Generator(device=DEVICE).manual_seed(args.seed)
     bandwidth = measure_bandwidth()
     results = []
@@ -276,11 +317,13 @@ def main(argv: list[str] | None = None) -> int:
                     draws.append((cases, {g: {} for g in GEMMS}))
                     hit.append(int(torch.unique(route[0]).numel()))
                 own = _joint(variant, draws, weights)
+                peers = {p.label: _joint(p, draws, weights) for p in peer_variants}
                 tried = [own]
                 if earlier is None:
                     pool = candidates(quant, M, shape)
                 else:
                     pool = seeded_candidates(earlier, shape_name, quant, M, args.top, args.widen)
+                pool = _with_peer_configs(pool, peers.values(), own)
                 for candidate in pool:
                     timed = _joint(variant, draws, weights, candidate)
                     if timed is not None:
@@ -294,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                         "M": M,
                         "experts_hit": hit[0] if args.routings == 1 else hit,
                         "dispatch": own,
+                        **({"peers": peers} if peer_variants else {}),
                         "best": winner,
                         "tried": len(tried),
                         "incorrect": len(tried) - len(good),
@@ -323,6 +367,7 @@ def _write(args, argv, bandwidth, results) -> None:
             {
                 "command": command_line("moe_kernels.tune", argv),
                 "environment": environment(),
+                "method": {"replays": TUNE_REPLAYS, "warmup_replays": WARMUP_REPLAYS},
                 "bandwidth": bandwidth,
                 "results": results,
             },

@@ -65,6 +65,8 @@ RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results"
         "h200-series-layer-bench",
         "h200-series-decode-bench",
         "h200-series-decode-layer-bench",
+        "h200-series-paced-81-bench",
+        "h200-series-paced-82-layer-bench",
         "h200-split-k-0.33-bench",
         "h200-split-k-0.33-layer-bench",
         "h200-split-k-0.25-bench",
@@ -143,6 +145,48 @@ def test_seeded_tune_retimes_an_earlier_searchs_best_on_another_tree(
     configs = [t["config"] for t in result["all"][1:]]
     assert configs == [best, {**best, "BLOCK_SIZE_M": 8}]
     assert result["incorrect"] == 0 and result["tried"] == 3
+
+
+def test_tune_times_peers_on_the_same_routings(release_trees, tmp_path, monkeypatch):
+    from moe_kernels import tune
+
+    for name, values in {"TILE_N": (64,), "TILE_K": (128,), "STAGES": (3,), "SPLITS": (1,)}.items():
+        monkeypatch.setattr(tune, name, values)
+    monkeypatch.setattr(tune, "token_tiles", lambda M: (16,))
+    out = tmp_path / "tune.json"
+    args = [
+        f"--tree=x={release_trees('0.21.0+moe')}",
+        f"--peer=released={release_trees('0.21.0')}",
+        f"--peer=upstream={release_trees('0.33.0')}",
+        *("--shape", "tiny-smoke-test", "--quant", "tensor", "--M", "1", "--routings", "2"),
+    ]
+    assert tune.main([*args, "--out", str(out)]) == 0
+    (result,) = json.loads(out.read_text())["results"]
+    assert set(result["peers"]) == {"released", "upstream"}
+    for peer in result["peers"].values():
+        assert peer["correct"] and peer["us"] == peer["up_us"] + peer["down_us"]
+        assert peer["config_source"] == "default"
+    # the peers' default configs are this tree's own, so no candidate is added twice
+    assert result["tried"] == 2 and result["incorrect"] == 0
+
+
+def test_peer_configs_join_the_candidates_once():
+    from moe_kernels import tune
+
+    tile = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
+            "num_warps": 4, "num_stages": 3}  # fmt: skip
+    own = {"config": {**tile, "BLOCK_SIZE_M": 64, "SPLIT_K": 1}}
+    pool = [{**tile, "SPLIT_K": 1}]
+    peers = [
+        {"config": {**tile, "num_stages": 5}},  # new: joins, with SPLIT_K
+        {"config": dict(tile)},  # the pool's, written without SPLIT_K: not again
+        {"config": {**tile, "BLOCK_SIZE_M": 64}},  # the tree's own: not again
+        None,  # a peer that did not compile
+    ]
+    assert tune._with_peer_configs(pool, peers, own) == [
+        {**tile, "SPLIT_K": 1},
+        {"SPLIT_K": 1, **tile, "num_stages": 5},
+    ]
 
 
 def _cell(shape, quant, M, *timed):

@@ -3,7 +3,8 @@
 
 * The JSON files each patch ships are what ``moe_kernels.configs`` makes from the
   committed searches on the unpatched release (kernels/results/h200-tune-joint.json
-  with h200-tune-decode-0.21.json, its M <= 8 re-run, on 0.21.0;
+  with h200-tune-decode-0.21.json, its M <= 8 re-run, and h200-tune-peers-0.21.json,
+  the M <= 8 search that also timed 0.21.0 and 0.33.0 as released, on 0.21.0;
   h200-tune-split-k-0.33.json on 0.33.0): each table is reproducible from the
   measurements, byte for byte.
 * ``moe_kernels.configs`` keeps shipped entries unless a search beat them by
@@ -30,7 +31,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results"
 CONFIGS_REL = FUSED_MOE_REL.parent / "configs"
 # Later files win for the cells they searched.
 SEARCHES = {
-    "0.21.0": ["h200-tune-joint.json", "h200-tune-decode-0.21.json"],
+    "0.21.0": ["h200-tune-joint.json", "h200-tune-decode-0.21.json", "h200-tune-peers-0.21.json"],
     "0.33.0": ["h200-tune-split-k-0.33.json"],
 }
 
@@ -99,6 +100,95 @@ def test_tables_keep_what_the_search_did_not_beat(release_trees):
         default = ns["get_default_config"](M, 128, 768, 2048, 8, "fp8_w8a8", None)
         assert table[str(M)] == configs.vllm_entry(default), M
     assert "SPLIT_K" not in table["8"]  # a default's SPLIT_K of 1 is not written
+
+
+def _timed(up: float, down: float, stages: int = 3) -> dict:
+    return {
+        "config": {**SWAP_TILE, "num_stages": stages},
+        "up_us": up,
+        "down_us": down,
+        "us": up + down,
+        "correct": True,
+    }
+
+
+def _peer_row(own, *candidates, peers):
+    everything = [own, *candidates]
+    return {
+        "dispatch": own,
+        "peers": peers,
+        "best": min(everything, key=lambda t: t["us"]),
+        "all": everything,
+    }
+
+
+def test_peers_veto_a_pair_that_hides_a_slower_gemm():
+    upstream = {"upstream": _timed(50.0, 25.0)}
+    own = _timed(60.0, 30.0, stages=2)
+    fastest_pair = _timed(45.0, 26.5, stages=4)  # 71.5 us, but its second GEMM is 0.943x
+    keeps_up = _timed(47.0, 25.0, stages=3)  # 72.0 us, neither GEMM slower
+    entry, why = configs.chosen(_peer_row(own, fastest_pair, keeps_up, peers=upstream))
+    assert entry["num_stages"] == 3 and "fastest pair 71.5 us does not" in why
+    # exactly at the floor keeps pace; just past it does not
+    floor = 25.0 / configs.PEER_FLOOR
+    assert configs.keeps_pace(_timed(50.0, floor), list(upstream.values()))
+    assert not configs.keeps_pace(_timed(50.0, floor * 1.001), list(upstream.values()))
+
+
+def test_peers_keep_an_entry_that_keeps_pace_and_replace_one_that_does_not():
+    upstream = {"upstream": _timed(50.0, 25.0)}
+    own = _timed(50.5, 25.2, stages=2)  # keeps pace; the candidate gains 2% < MIN_GAIN
+    entry, why = configs.chosen(_peer_row(own, _timed(49.5, 24.5), peers=upstream))
+    assert entry is None and "keeps pace with upstream" in why
+    # the same own entry against a faster peer: replaced, even by a slower pair
+    faster = {"upstream": _timed(50.0, 24.0)}
+    slow_pair = _timed(51.0, 24.0)
+    entry, _ = configs.chosen(_peer_row(own, slow_pair, peers=faster))
+    assert entry == configs.vllm_entry(slow_pair["config"])
+
+
+def test_without_a_candidate_that_keeps_pace_the_fastest_pair_wins():
+    upstream = {"upstream": _timed(10.0, 10.0), "broken": None}
+    own = _timed(30.0, 30.0, stages=2)
+    best = _timed(12.0, 12.0, stages=4)
+    entry, why = configs.chosen(_peer_row(own, best, peers=upstream))
+    assert entry == configs.vllm_entry(best["config"]) and "nothing keeps pace" in why
+    # an incorrect peer is no reference
+    wrong = {"upstream": {**_timed(1.0, 1.0), "correct": False}}
+    entry, why = configs.chosen(_peer_row(own, best, peers=wrong))
+    assert entry == configs.vllm_entry(best["config"]) and "pace" not in why
+
+
+def test_a_later_search_with_peers_only_vetoes_the_earlier_choice(tmp_path):
+    cell = {"shape": "qwen3-30b-a3b", "quant": "block", "M": 8}
+    own = _timed(60.0, 30.0, stages=2)
+    earlier_pick = _timed(45.0, 26.0, stages=4)
+    earlier = {**cell, **_peer_row(own, earlier_pick, peers={})}
+    del earlier["peers"]
+
+    def merged(*later_timings, peers):
+        files = []
+        for i, row in enumerate([earlier, {**cell, **_peer_row(*later_timings, peers=peers)}]):
+            files.append(tmp_path / f"search-{i}.json")
+            files[-1].write_text(json.dumps({"results": [row]}))
+        return configs.load_results(files)[("qwen3-30b-a3b", "block", 8)]
+
+    pick = configs.vllm_entry(earlier_pick["config"])
+    # the earlier pick keeps pace in the later search: it stays, though a config is faster
+    row = merged(own, _timed(45.5, 25.5, 4), _timed(44.0, 25.0, 3), peers={"p": _timed(45, 26)})
+    assert configs.chosen(row) == configs.chosen(earlier) and configs.chosen(row)[0] == pick
+    # its second GEMM falls behind a peer: the fastest config that keeps pace replaces it
+    row = merged(own, _timed(44.0, 27.0, 4), _timed(46.0, 25.0, 3), peers={"p": _timed(46, 25)})
+    entry, why = configs.chosen(row)
+    assert entry["num_stages"] == 3 and "the earlier choice, 71.0 us, did not" in why
+    # nothing keeps pace with a much faster peer: the earlier pick stays
+    row = merged(own, _timed(44.0, 27.0, 4), _timed(46.0, 25.0, 3), peers={"p": _timed(10, 10)})
+    entry, why = configs.chosen(row)
+    assert entry == pick and "nothing searched keeps pace with p" in why
+    # a later search that never timed the earlier pick cannot judge it
+    row = merged(own, _timed(46.0, 25.0, 3), peers={"p": _timed(46, 25)})
+    with pytest.raises(ValueError, match="did not time the earlier choice"):
+        configs.chosen(row)
 
 
 def _patch_function(tree: Path, name: str, namespace: dict):
