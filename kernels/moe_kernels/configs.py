@@ -14,7 +14,9 @@ named by the tree's own ``get_config_file_name``):
   not keep pace itself or is slower by more than ``MIN_GAIN``.  vLLM launches
   both GEMMs with one config, so the fastest pair of GEMMs can hide one GEMM
   that lost to a peer; this trades a little of the pair for neither losing.
-  Where nothing keeps pace, the fastest pair is chosen as before;
+  Where nothing keeps pace, the fastest pair is chosen as before.  A search
+  with peers given after another one for the same M only vetoes: the earlier
+  choice stays unless it falls behind a peer and something searched does not;
 * a new file holds the searched token counts (the winner, or the tree's
   default when nothing beat it by ``MIN_GAIN``) and, for larger batches,
   the tree's own default at vLLM's usual batch sizes, so the file changes
@@ -84,13 +86,10 @@ def load_results(paths: list[Path]) -> dict[tuple[str, str, int], dict]:
     return rows
 
 
-def _same_launch(a: dict, b: dict) -> bool:
-    """Configs equal as launches (SPLIT_K 1 when absent; the swap follows the rule)."""
-
-    def norm(config: dict) -> dict:
-        return {"SPLIT_K": 1, **{k: v for k, v in config.items() if k != "SWAP_AB"}}
-
-    return norm(a) == norm(b)
+def as_launch(config: dict) -> dict:
+    """``config`` as the patched launcher runs it: SPLIT_K 1 when absent, and no
+    SWAP_AB (the launcher's rule decides)."""
+    return {"SPLIT_K": 1, **{k: v for k, v in config.items() if k != "SWAP_AB"}}
 
 
 def keeps_pace(timed: dict, peers: list[dict]) -> bool:
@@ -109,7 +108,7 @@ def chosen(row: dict) -> tuple[dict | None, str]:
     if peers and "earlier" in row:
         entry, why = chosen(row["earlier"])
         config = own["config"] if entry is None else entry
-        timed = next((t for t in row["all"] if _same_launch(t["config"], config)), None)
+        timed = next((t for t in row["all"] if as_launch(t["config"]) == as_launch(config)), None)
         if timed is None:
             raise ValueError(
                 f"{row['shape']} {row['quant']} M={row['M']}: the search with peers did not "

@@ -63,7 +63,7 @@ from .bench import (
     routing,
     time_variant,
 )
-from .configs import load_results
+from .configs import as_launch, load_results
 from .launch import token_rows_launched
 from .loader import load_fused_moe_kernel
 
@@ -203,22 +203,17 @@ def seeded_candidates(
 
 
 def _with_peer_configs(pool: list[dict], peer_timings, own: dict) -> list[dict]:
-    """``pool`` plus each peer's own config (without ``SWAP_AB``: this tree's launcher
-    applies its own rule), each config once and none that is this tree's own."""
-
-    def key(config: dict) -> tuple:
-        return _config_key({"SPLIT_K": 1, **{k: v for k, v in config.items() if k != "SWAP_AB"}})
-
-    seen = {key(own["config"])} if own is not None else set()
+    """``pool`` plus each peer's own config (as this tree's launcher runs it), each
+    config once and none that is this tree's own."""
+    seen = {_config_key(as_launch(own["config"]))} if own is not None else set()
     out = {}
     for config in pool:
-        out.setdefault(key(config), config)
+        out.setdefault(_config_key(as_launch(config)), config)
     for timed in peer_timings:
-        if timed is not None and key(timed["config"]) not in seen | out.keys():
-            out[key(timed["config"])] = {
-                "SPLIT_K": 1,
-                **{k: v for k, v in timed["config"].items() if k != "SWAP_AB"},
-            }
+        if timed is not None:
+            config = as_launch(timed["config"])
+            if _config_key(config) not in seen:
+                out.setdefault(_config_key(config), config)
     return list(out.values())
 
 
