@@ -107,6 +107,13 @@ def _stream_read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.conste
     tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
 
 
+def sm_count(cpu_fallback: int) -> int:
+    """The GPU's SM count; ``cpu_fallback`` under Triton's interpreter."""
+    if DEVICE == "cuda":
+        return torch.cuda.get_device_properties(0).multi_processor_count
+    return cpu_fallback
+
+
 def _graph_time_us(fn, replays: int = REPLAYS) -> list[float]:
     """Per-replay µs of a CUDA graph holding one call of ``fn``, after
     ``WARMUP_REPLAYS`` untimed replays."""

@@ -61,6 +61,7 @@ from .bench import (
     make_weights,
     measure_bandwidth,
     routing,
+    sm_count,
     time_variant,
 )
 from .configs import as_launch, load_results
@@ -70,7 +71,7 @@ from .loader import load_fused_moe_kernel
 DECODE_M = (1, 2, 4, 8, 16, 32, 64)
 GEMMS = ("up", "down")
 TUNE_REPLAYS = 6
-SM_COUNT_FALLBACK = 132
+SM_COUNT_FALLBACK = 132  # an H200's, so the interpreter splits where the GPU would
 
 # The search space: weight tiles of 64 or 128 rows on the MMA's M side, 8 to 32
 # tokens on its N side (token_tiles), K tiles deep enough to keep HBM busy,
@@ -87,12 +88,6 @@ WIDE_STAGES = (2, 3, 4)
 WIDE_TILES_N = ((64, 4), (128, 4), (128, 8), (256, 8))
 
 
-def _sm_count() -> int:
-    if DEVICE == "cuda":
-        return torch.cuda.get_device_properties(0).multi_processor_count
-    return SM_COUNT_FALLBACK
-
-
 def _programs(shape, gemm: str, M: int, block_m: int, block_n: int) -> int:
     """Programs vLLM's launcher starts for one GEMM of the layer at M tokens."""
     rows = M if gemm == "up" else M * shape.topk
@@ -107,7 +102,9 @@ def splits_anywhere(shape, M: int, block_m: int, block_n: int) -> bool:
     """Whether the launcher splits K for either GEMM of the layer with this tile: only
     a grid with fewer programs than the GPU has SMs is split.  Elsewhere a SPLIT_K
     candidate would time the same launches as its unsplit twin."""
-    return min(_programs(shape, g, M, block_m, block_n) for g in GEMMS) < _sm_count()
+    return min(_programs(shape, g, M, block_m, block_n) for g in GEMMS) < sm_count(
+        SM_COUNT_FALLBACK
+    )
 
 
 def token_tiles(M: int) -> tuple[int, ...]:
