@@ -1,0 +1,321 @@
+"""Collect what the end-to-end benchmark needs on a GPU machine that has no network.
+
+    python -m moe_e2e.bundle --vllm 0.21 --out .e2e/bundle [--part-mib 44]
+
+Writes ``payload.tar`` split into parts of at most ``--part-mib`` MiB (``part-01`` ...) and
+``bundle.json`` (each part's and the whole payload's sha256), so the bundle can travel in
+pieces.  The payload holds:
+
+* the official vLLM wheel of the release (moe-patch's own download, checked against the index's
+  sha256) as byte segments: every byte except the members named by ``--drop`` (by default the
+  FlashAttention-2 extension, 81 MB that Hopper never loads: vLLM uses FlashAttention 3 there);
+  ``moe_e2e.stage`` re-creates the wheel with the dropped spans zeroed and installs every other
+  member after checking it against the wheel's own RECORD;
+* the members in which the wheel that ``moe-patch wheel`` builds differs from the official one
+  (its dist-info and the patched files), so the patched install is the official one with those
+  members replaced, checked against the patched wheel's RECORD;
+* the Python packages vLLM imports on the engine's path that the GPU image lacks, as wheels for
+  the GPU machine's Python (``--python-version``), downloaded through pip and so from pip's
+  configured index;
+* the model configurations (``moe_e2e.models``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+from . import models
+
+# Packages vLLM 0.21 imports when it starts an engine (AsyncLLM, V1 engine core, GPU worker,
+# Qwen3-MoE / Mixtral, FP8 and compressed-tensors MoE, FlashAttention backend) that the H200
+# image lacks (kernels/README.md says how the list was found).  Exact versions, so two bundles
+# of the same release install the same code.
+ENGINE_DEPENDENCIES = (
+    "annotated-types==0.8.0",
+    "apache-tvm-ffi==0.1.9",
+    "astor==0.8.1",
+    "cachetools==8.0.2",
+    "cbor2==6.3.0",
+    "compressed-tensors==0.15.0.1",
+    "depyf==0.20.0",
+    "dill==0.4.1",
+    "distro==1.9.0",
+    "fastapi==0.165.0",
+    "gguf==0.19.0",
+    "jiter==0.19.0",
+    "llguidance==1.3.0",
+    "loguru==0.7.3",
+    "msgspec==0.23.0",
+    "openai==3.57.0",
+    "openai-harmony==0.0.8",
+    "opentelemetry-api==1.45.2",
+    "partial-json-parser==0.2.1.1.post7",
+    "pybase64==1.5.1",
+    "pydantic==2.14.4",
+    "pydantic-core==2.50.5",
+    "pyzmq==27.3.0",
+    "setproctitle==1.3.8",
+    "sniffio==1.3.1",
+    "starlette==1.10.0",
+    "typing-inspection==0.4.5",
+    "xgrammar==0.2.6",
+)
+GPU_PLATFORMS = (
+    "manylinux_2_34_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux_2_5_x86_64",
+    "manylinux1_x86_64",
+)
+DEFAULT_DROP = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",)
+BENCH_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "tiny-qwen3-moe")
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def record_hashes(archive: zipfile.ZipFile) -> dict[str, str]:
+    """A wheel's RECORD as {member: 'sha256=<urlsafe b64>'} (members without a hash left out)."""
+    name = next(n for n in archive.namelist() if n.endswith(".dist-info/RECORD"))
+    rows = csv.reader(io.StringIO(archive.read(name).decode("utf-8")))
+    return {row[0]: row[1] for row in rows if len(row) >= 2 and row[1]}
+
+
+def record_digest(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def member_span(archive: zipfile.ZipFile, info: zipfile.ZipInfo, size: int) -> tuple[int, int]:
+    """Byte range of a member in the archive: local header through the end of its data."""
+    offsets = sorted(i.header_offset for i in archive.infolist()) + [archive.start_dir, size]
+    end = min(o for o in offsets if o > info.header_offset)
+    return info.header_offset, end
+
+
+def kept_segments(wheel: Path, drop: tuple[str, ...]) -> tuple[list[list[int]], list[str]]:
+    """The wheel's byte ranges with the members in ``drop`` left out, and the dropped names."""
+    size = wheel.stat().st_size
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        missing = [d for d in drop if d not in names]
+        if missing:
+            raise SystemExit(f"moe_e2e.bundle: {wheel.name} has no member {missing[0]} to drop")
+        holes = sorted(member_span(archive, archive.getinfo(d), size) for d in drop)
+    segments, position = [], 0
+    for start, end in holes:
+        if start > position:
+            segments.append([position, start - position])
+        position = end
+    if position < size:
+        segments.append([position, size - position])
+    return segments, sorted(drop)
+
+
+def patched_overlay(official: Path, patched: Path) -> tuple[bytes, list[str]]:
+    """A zip of the patched wheel's members that the official wheel lacks or holds otherwise."""
+    with zipfile.ZipFile(official) as old, zipfile.ZipFile(patched) as new:
+        old_hashes = record_hashes(old)
+        changed = [
+            info.filename
+            for info in new.infolist()
+            if not info.is_dir()
+            and (
+                ".dist-info/" in info.filename
+                or old_hashes.get(info.filename) is None
+                or old_hashes[info.filename] != record_digest(new.read(info.filename))
+            )
+        ]
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as overlay:
+            for name in sorted(changed):
+                info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+                info.external_attr = new.getinfo(name).external_attr
+                overlay.writestr(info, new.read(name), zipfile.ZIP_DEFLATED)
+    return buffer.getvalue(), sorted(changed)
+
+
+def download_dependencies(directory: Path, python_version: str, requirements) -> list[Path]:
+    """``pip download`` the engine's missing packages for the GPU machine (pip's own index)."""
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        python_version,
+        "--implementation",
+        "cp",
+        "--dest",
+        str(directory),
+    ]
+    for platform in GPU_PLATFORMS:
+        command += ["--platform", platform]
+    result = subprocess.run(command + list(requirements), capture_output=True, text=True)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["pip download failed"])[-1]
+        raise SystemExit(f"moe_e2e.bundle: pip could not download the engine's packages: {last}")
+    return sorted(directory.glob("*.whl"))
+
+
+def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 0
+    info.mode = 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_payload(
+    path: Path, official: Path, segments, patched_zip: bytes, deps: list[Path], manifest: dict
+) -> None:
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        add_bytes(tar, "manifest.json", json.dumps(manifest, indent=2).encode())
+        with open(official, "rb") as handle:
+            body = bytearray()
+            for offset, length in segments:
+                handle.seek(offset)
+                body += handle.read(length)
+        add_bytes(tar, "vllm-official.segments", bytes(body))
+        add_bytes(tar, "vllm-patched-overlay.zip", patched_zip)
+        for wheel in deps:
+            add_bytes(tar, f"deps/{wheel.name}", wheel.read_bytes())
+        for model in BENCH_MODELS:
+            for kind in models.FP8_KINDS:
+                text = json.dumps(models.model_config(model, kind), indent=2, sort_keys=True)
+                add_bytes(tar, f"models/{model}-{kind}/config.json", text.encode() + b"\n")
+
+
+def split(path: Path, out: Path, part_bytes: int) -> list[dict]:
+    parts = []
+    with open(path, "rb") as handle:
+        for number, block in enumerate(iter(lambda: handle.read(part_bytes), b""), start=1):
+            name = f"part-{number:02d}"
+            (out / name).write_bytes(block)
+            parts.append({"name": name, "size": len(block), "sha256": sha256_bytes(block)})
+    return parts
+
+
+def build(
+    vllm: str,
+    out: Path,
+    part_mib: int,
+    python_version: str,
+    drop,
+    platform: str,
+    index_url: str | None = None,
+) -> dict:
+    from moe_patch import __version__ as series_version
+    from moe_patch import wheel as wheels
+    from moe_patch.commands.wheel import wheel as build_patched
+
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("part-*"):
+        stale.unlink()
+    with tempfile.TemporaryDirectory(prefix="moe-e2e-") as scratch:
+        scratch = Path(scratch)
+        result = build_patched(vllm, scratch / "dist", platform=platform, index_url=index_url)
+        official, dist = wheels.official_wheel(result.vllm, platform, index_url)
+        segments, dropped = kept_segments(official, tuple(drop))
+        overlay, changed = patched_overlay(official, Path(result.path))
+        deps = download_dependencies(scratch / "deps", python_version, ENGINE_DEPENDENCIES)
+        manifest = {
+            "vllm": result.vllm,
+            "series_version": series_version,
+            "official_wheel": {
+                "file": official.name,
+                "sha256": sha256_file(official),
+                "index_sha256": dist.sha256,
+                "size": official.stat().st_size,
+                "segments": segments,
+                "dropped": dropped,
+            },
+            "patched_wheel": {
+                "file": Path(result.path).name,
+                "sha256": result.sha256,
+                "size": result.size,
+                "version": result.version,
+                "patches": result.patches,
+                "overlay_members": changed,
+            },
+            "dependencies": {w.name: sha256_file(w) for w in deps},
+            "python_version": python_version,
+        }
+        payload = scratch / "payload.tar"
+        write_payload(payload, official, segments, overlay, deps, manifest)
+        parts = split(payload, out, part_mib << 20)
+        summary = {
+            "vllm": result.vllm,
+            "series_version": series_version,
+            "payload_sha256": sha256_file(payload),
+            "payload_size": payload.stat().st_size,
+            "parts": parts,
+            "official_wheel_sha256": manifest["official_wheel"]["sha256"],
+            "patched_wheel_sha256": result.sha256,
+        }
+    (out / "bundle.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m moe_e2e.bundle", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--vllm", default="0.21", help="release (default: 0.21)")
+    parser.add_argument("--out", type=Path, default=Path(".e2e/bundle"))
+    parser.add_argument("--part-mib", type=int, default=44, help="largest part (MiB)")
+    parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python")
+    parser.add_argument(
+        "--platform",
+        default="manylinux_2_24_x86_64",
+        help="the official wheel's platform tag (the GPU machine's)",
+    )
+    parser.add_argument(
+        "--drop",
+        action="append",
+        default=None,
+        help=f"wheel member left out (default: {', '.join(DEFAULT_DROP)})",
+    )
+    parser.add_argument("--index-url", default=None, help="package index (default: pip's)")
+    args = parser.parse_args(argv)
+    summary = build(
+        args.vllm,
+        args.out,
+        args.part_mib,
+        args.python_version,
+        args.drop if args.drop is not None else DEFAULT_DROP,
+        args.platform,
+        args.index_url,
+    )
+    sizes = ", ".join(f"{p['name']} {p['size'] / 2**20:.1f} MiB" for p in summary["parts"])
+    print(f"vLLM {summary['vllm']} bundle in {args.out}: {sizes}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Markdown for an end-to-end result file (``python -m moe_e2e.report RESULT.json``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+FACT_KEYS = {
+    "moe_backend",
+    "moe_backend_candidates",
+    "moe_backend_reason",
+    "attention_backend",
+    "jit_during_inference",
+    "torch_compile_s",
+    "engine_init_s",
+    "graph_capture_s",
+    "model_load_s",
+}
+
+
+def _fmt(value, digits=1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(new, old) -> str:
+    if not new or not old:
+        return "–"
+    return f"{new / old:.3f}"
+
+
+def markdown(report: dict) -> str:
+    env = report["environment"]
+    lines = [
+        f"# End to end: vLLM {report['vllm']} against {report['patched_wheel']['version']}",
+        "",
+        f"- command: `{report['command']}`",
+        f"- GPU: {env.get('gpu')}; torch {env.get('torch')}, triton {env.get('triton')}, "
+        f"Python {env.get('python')}",
+        f"- official wheel `{report['official_wheel']['file']}` sha256 "
+        f"`{report['official_wheel']['sha256']}` (installed without "
+        f"{', '.join(report['official_wheel']['dropped']) or 'nothing'})",
+        f"- patched wheel `{report['patched_wheel']['file']}` sha256 "
+        f"`{report['patched_wheel']['sha256']}`; series {report['series_version']}",
+        f"- model: {report['model']} (dummy weights), max_num_seqs "
+        f"{report['spec']['max_num_seqs'] or 'vLLM default'}, max_model_len "
+        f"{report['spec']['max_model_len']}; each variant a fresh process with empty caches",
+        "",
+    ]
+    batches = [str(b) for b in report["spec"]["decode_batches"]]
+    header = (
+        ["variant", "MoE backend", "start-up s", "first TTFT ms"]
+        + [f"TPOT B={b} ms" for b in batches]
+        + ["output tok/s", "trace TTFT p50 ms", "p99 ms", "kernels compiled in trace"]
+    )
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for v in report["variants"]:
+        r = v.get("result")
+        if r is None:
+            lines.append(
+                f"| {v['name']} | {v.get('moe_backend') or '–'} | failed "
+                f"({v['returncode']}), see `{v['log']}` |" + " |" * (len(header) - 3)
+            )
+            continue
+        tpot = []
+        for b in batches:
+            d = r["decode"][b]
+            spread = (max(d["tpot_ms"]) - min(d["tpot_ms"])) / 2
+            tpot.append(f"{d['median_ms']:.2f} ±{spread:.2f}")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    v["name"],
+                    v.get("moe_backend") or "–",
+                    _fmt(r["startup_s"]),
+                    _fmt(r["first_ttft_s"] * 1e3, 0),
+                    *tpot,
+                    _fmt(r["throughput"]["output_tokens_per_s"], 0),
+                    _fmt(r["trace"]["ttft_p50_ms"], 0),
+                    _fmt(r["trace"]["ttft_p99_ms"], 0),
+                    str(r["trace"]["triton_kernels_compiled"]),
+                ]
+            )
+            + " |"
+        )
+    lines += ["", "## Patched against official, per FP8 kind (< 1 is faster for times)", ""]
+    pairs = {}
+    for v in report["variants"]:
+        if "result" in v and not v.get("requested_backend") and not v.get("fp8_env"):
+            pairs.setdefault(v["kind"], {})[v["wheel"]] = v["result"]
+    header = (
+        ["FP8 kind", "start-up"]
+        + [f"TPOT B={b}" for b in batches]
+        + ["throughput (>1 faster)", "trace TTFT p50", "p99", "first TTFT"]
+    )
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for kind, pair in pairs.items():
+        if {"official", "patched"} - set(pair):
+            continue
+        o, p = pair["official"], pair["patched"]
+        cells = [kind, _ratio(p["startup_s"], o["startup_s"])]
+        cells += [_ratio(p["decode"][b]["median_ms"], o["decode"][b]["median_ms"]) for b in batches]
+        cells += [
+            _ratio(p["throughput"]["output_tokens_per_s"], o["throughput"]["output_tokens_per_s"]),
+            _ratio(p["trace"]["ttft_p50_ms"], o["trace"]["ttft_p50_ms"]),
+            _ratio(p["trace"]["ttft_p99_ms"], o["trace"]["ttft_p99_ms"]),
+            _ratio(p["first_ttft_s"], o["first_ttft_s"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## What each engine logged", ""]
+    for v in report["variants"]:
+        facts = ", ".join(
+            f"{k} {v[k]:g}"
+            for k in ("engine_init_s", "torch_compile_s", "graph_capture_s", "model_load_s")
+            if k in v
+        )
+        asked = v.get("requested_backend") or (f"env={v['fp8_env']}" if v.get("fp8_env") else "")
+        reason = f", because {v['moe_backend_reason']}" if v.get("moe_backend_reason") else ""
+        jit = ", ".join(v.get("jit_during_inference", [])) or "none"
+        lines.append(
+            f"- {v['name']}{f' (asked: {asked})' if asked else ''}: `{v.get('moe_backend')}` of "
+            f"{v.get('moe_backend_candidates')}{reason}; attention {v.get('attention_backend')}; "
+            f"{facts}; JIT during inference (vLLM's monitor): {jit}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def refresh_log_facts(report: dict, logs: Path) -> None:
+    """Re-read each variant's facts from its kept log (the parser may have learnt more)."""
+    from .run import parse_log
+
+    for variant in report["variants"]:
+        log = logs / variant["log"]
+        if log.exists():
+            for key in [k for k in variant if k in FACT_KEYS]:
+                del variant[key]
+            variant.update(parse_log(log.read_text(errors="replace")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``RESULT.json [--refresh]``: write RESULT.md; --refresh re-reads the facts from the logs."""
+    argv = sys.argv[1:] if argv is None else argv
+    path = Path(argv[0])
+    report = json.loads(path.read_text())
+    if "--refresh" in argv[1:]:
+        refresh_log_facts(report, path.parent / f"{path.stem}-logs")
+        path.write_text(json.dumps(report, indent=2) + "\n")
+    path.with_suffix(".md").write_text(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""Run the end-to-end benchmark: every variant in a fresh process, interleaved, one result file.
+
+    python -m moe_e2e.run --staged /root/moe-e2e --model qwen3-30b-a3b --out results/e2e \
+        [--kinds fp8-static,compressed-tensors,fp8-dynamic,fp8-block] [--wheels official,patched]
+        [--head-to-head patched:fp8-static:cutlass ...] [--max-num-seqs 64] [--repeats 3]
+
+For each FP8 kind the wheels run one after the other (the order alternates from kind to kind),
+then the head-to-head variants (``WHEEL:KIND:BACKEND``: ``--moe-backend BACKEND``, or
+``env=BACKEND`` for ``VLLM_FP8_MOE_BACKEND``).  Each variant gets a new process, new empty
+Triton / Inductor / vLLM caches, and its whole log kept; the MoE backend it chose is read from
+the engine's own "Using ... Fp8 MoE backend" line.  ``<out>.json`` is rewritten after every
+variant, so a run cut short keeps what it measured; ``<out>.md`` is the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import models
+
+KERNELS_DIR = Path(__file__).resolve().parents[1]
+BACKEND_LINE = re.compile(
+    r"Using (\S+) Fp8 MoE backend out of potential backends: (\[[^\]]*\])[,.]?\s*(?:because )?(.*)"
+)
+ATTENTION_LINE = re.compile(r"Using (\S+) attention backend")
+JIT_LINE = re.compile(r"Triton kernel JIT compilation during inference: (\w+)")
+LOG_FACTS = {
+    "torch_compile_s": re.compile(r"torch\.compile took ([\d.]+) s in total"),
+    "engine_init_s": re.compile(r"init engine \(.*\) took ([\d.]+) s"),
+    "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
+    "model_load_s": re.compile(r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds"),
+}
+DEFAULT_SPEC = {
+    "max_model_len": 4096,
+    "gpu_memory_utilization": 0.85,
+    "seed": 0,
+    "decode_batches": [1, 4, 16, 64],
+    "decode_tokens": 64,
+    "repeats": 3,
+    "throughput": {
+        "requests": 128,
+        "prompt_lens": [128, 512, 1024, 2048],
+        "output_lens": [64, 128, 256],
+    },
+    "trace": {
+        "seed": 7,
+        "bursts": 30,
+        "interval_s": 0.4,
+        "burst_sizes": [1, 2, 3, 5, 8, 13, 21, 32],
+        "min_prompt": 17,
+        "max_prompt": 1500,
+        "output_len": 4,
+    },
+}
+
+
+def parse_log(text: str) -> dict:
+    facts: dict = {"moe_backend": None, "moe_backend_candidates": None, "moe_backend_reason": None}
+    for line in text.splitlines():
+        found = BACKEND_LINE.search(line)
+        if found and facts["moe_backend"] is None:
+            facts["moe_backend"] = found.group(1)
+            facts["moe_backend_candidates"] = found.group(2)
+            facts["moe_backend_reason"] = found.group(3).strip().rstrip(".") or None
+        found = JIT_LINE.search(line)
+        if found:
+            facts.setdefault("jit_during_inference", []).append(found.group(1))
+        found = ATTENTION_LINE.search(line)
+        if found and "attention_backend" not in facts:
+            facts["attention_backend"] = found.group(1)
+        for key, pattern in LOG_FACTS.items():
+            found = pattern.search(line)
+            if found and key not in facts:
+                facts[key] = float(found.group(1))
+    return facts
+
+
+def variant_env(staged: dict, wheel: str, caches: Path, fp8_env: str | None) -> dict:
+    env = dict(os.environ)
+    for key in ("VLLM_FP8_MOE_BACKEND", "PYTHONPATH"):
+        env.pop(key, None)
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(
+                [staged["sites"][wheel], staged["sites"]["deps"], str(KERNELS_DIR)]
+            ),
+            "PYTHONUNBUFFERED": "1",
+            "TRITON_CACHE_DIR": str(caches / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+            "VLLM_CACHE_ROOT": str(caches / "vllm"),
+            "XDG_CACHE_HOME": str(caches / "xdg"),
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_LOGGING_LEVEL": "INFO",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            # vLLM's sampler imports FlashInfer by default on CUDA; without it installed, PyTorch's.
+            "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0"),
+            "MOE_E2E_LAUNCHED": repr(time.time()),
+        }
+    )
+    if fp8_env:
+        env["VLLM_FP8_MOE_BACKEND"] = fp8_env
+    return env
+
+
+def run_variant(staged: dict, variant: dict, spec: dict, logs: Path, timeout: float) -> dict:
+    """Start one engine process for ``variant`` and return its record (result or failure)."""
+    name = variant["name"]
+    kind = models.FP8_KINDS[variant["kind"]]
+    model_dir = Path(staged["models"]) / f"{variant['model']}-{variant['kind']}"
+    with tempfile.TemporaryDirectory(prefix=f"moe-e2e-{name}-") as scratch:
+        scratch = Path(scratch)
+        full = {
+            **spec,
+            "model_dir": str(model_dir),
+            "quantization": kind.engine_quantization,
+            "moe_backend": variant.get("requested_backend"),
+            "out": str(scratch / "result.json"),
+        }
+        (scratch / "spec.json").write_text(json.dumps(full, indent=2))
+        log_path = logs / f"{name}.log"
+        env = variant_env(staged, variant["wheel"], scratch / "caches", variant.get("fp8_env"))
+        started = time.time()
+        with open(log_path, "w") as log:
+            try:
+                proc = subprocess.run(
+                    [sys.executable, "-m", "moe_e2e.engine", str(scratch / "spec.json")],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    timeout=timeout,
+                    start_new_session=True,
+                )
+                returncode = proc.returncode
+            except subprocess.TimeoutExpired:
+                returncode = "timeout"
+        text = log_path.read_text(errors="replace")
+        record = {
+            **variant,
+            "returncode": returncode,
+            "wall_s": time.time() - started,
+            "log": log_path.name,
+            **parse_log(text),
+        }
+        result_file = scratch / "result.json"
+        if returncode == 0 and result_file.exists():
+            record["result"] = json.loads(result_file.read_text())
+        else:
+            record["error_tail"] = text.splitlines()[-30:]
+    return record
+
+
+def variants(
+    model: str, kinds: list[str], wheels: list[str], head_to_head: list[str]
+) -> list[dict]:
+    out = []
+    for position, kind in enumerate(kinds):
+        order = wheels if position % 2 == 0 else list(reversed(wheels))
+        for wheel in order:
+            out.append(
+                {"name": f"{model}-{kind}-{wheel}", "model": model, "kind": kind, "wheel": wheel}
+            )
+    for item in head_to_head:
+        wheel, kind, backend = item.split(":")
+        entry = {"model": model, "kind": kind, "wheel": wheel}
+        if backend.startswith("env="):
+            entry["fp8_env"] = backend[4:]
+        else:
+            entry["requested_backend"] = backend
+        entry["name"] = f"{model}-{kind}-{wheel}-{backend.replace('=', '-')}"
+        out.append(entry)
+    return out
+
+
+def environment(staged: dict) -> dict:
+    env = {"python": platform.python_version(), "host": "H200 machine"}
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        env["gpu"] = smi.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        env["gpu"] = None
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import torch, triton; print(torch.__version__, triton.__version__)",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode == 0:
+        env["torch"], env["triton"] = probe.stdout.split()
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m moe_e2e.run", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--staged", type=Path, default=Path("/root/moe-e2e"))
+    parser.add_argument("--model", required=True, choices=sorted(models.MODELS))
+    parser.add_argument("--kinds", default=",".join(models.FP8_KINDS))
+    parser.add_argument("--wheels", default="official,patched")
+    parser.add_argument(
+        "--head-to-head",
+        action="append",
+        default=[],
+        help="WHEEL:KIND:BACKEND (or WHEEL:KIND:env=BACKEND)",
+    )
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=DEFAULT_SPEC["repeats"])
+    parser.add_argument("--decode-batches", default="1,4,16,64")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per variant")
+    parser.add_argument("--out", type=Path, required=True, help="result path without suffix")
+    args = parser.parse_args(argv)
+
+    staged = json.loads((args.staged / "staged.json").read_text())
+    spec = {
+        **DEFAULT_SPEC,
+        "max_num_seqs": args.max_num_seqs,
+        "repeats": args.repeats,
+        "decode_batches": [int(b) for b in args.decode_batches.split(",")],
+    }
+    todo = variants(args.model, args.kinds.split(","), args.wheels.split(","), args.head_to_head)
+    logs = args.out.parent / f"{args.out.name}-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    report = {
+        "command": " ".join(["python", "-m", "moe_e2e.run", *(argv or sys.argv[1:])]),
+        "vllm": staged["vllm"],
+        "series_version": staged["series_version"],
+        "official_wheel": staged["official_wheel"],
+        "patched_wheel": staged["patched_wheel"],
+        "environment": environment(staged),
+        "spec": spec,
+        "model": args.model,
+        "model_config": models.MODELS[args.model],
+        "variants": [],
+    }
+    for variant in todo:
+        record = run_variant(staged, variant, spec, logs, args.timeout)
+        report["variants"].append(record)
+        args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+        status = "ok" if "result" in record else f"FAILED ({record['returncode']})"
+        print(
+            f"{record['name']}: {status}, backend {record['moe_backend']}, "
+            f"{record['wall_s']:.0f} s",
+            flush=True,
+        )
+    from .report import markdown
+
+    args.out.with_suffix(".md").write_text(markdown(report))
+    return 0 if all("result" in r for r in report["variants"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+"""The end-to-end benchmark's host-side parts: model configs, bundle, staging, measurement logic.
+
+The engine itself only runs on a GPU (tests/e2e); here a fake engine stands in for vLLM's
+AsyncLLM so the measurement code is exercised on any machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import sys
+import types
+import zipfile
+from pathlib import Path
+
+import pytest
+from moe_e2e import bundle, engine, models, run, stage
+from moe_e2e.report import markdown
+
+
+def test_every_model_and_kind_writes_a_config(tmp_path):
+    for model in models.MODELS:
+        for kind in models.FP8_KINDS:
+            directory = models.write_model(tmp_path, model, kind)
+            config = json.loads((directory / "config.json").read_text())
+            assert config["architectures"] == models.MODELS[model]["architectures"]
+            quant = config.get("quantization_config")
+            if kind == "fp8-dynamic":
+                assert quant is None and models.FP8_KINDS[kind].engine_quantization == "fp8"
+            elif kind == "fp8-static":
+                assert quant == {"quant_method": "fp8", "activation_scheme": "static"}
+            elif kind == "fp8-block":
+                assert quant["weight_block_size"] == [128, 128]
+            else:
+                assert quant["quant_method"] == "compressed-tensors"
+
+
+def test_published_shapes_are_the_benchmarked_ones():
+    qwen, mixtral = models.MODELS["qwen3-30b-a3b"], models.MODELS["mixtral-8x7b"]
+    assert (qwen["num_experts"], qwen["num_experts_per_tok"]) == (128, 8)
+    assert (qwen["hidden_size"], qwen["moe_intermediate_size"]) == (2048, 768)
+    assert (mixtral["num_local_experts"], mixtral["num_experts_per_tok"]) == (8, 2)
+    assert (mixtral["hidden_size"], mixtral["intermediate_size"]) == (4096, 14336)
+
+
+def test_unknown_model_or_kind_is_refused():
+    with pytest.raises(ValueError, match="unknown model"):
+        models.model_config("llama", "fp8-block")
+    with pytest.raises(ValueError, match="unknown FP8 kind"):
+        models.model_config("mixtral-8x7b", "int4")
+
+
+def _wheel(path: Path, members: dict[str, bytes], dist_info: str) -> Path:
+    record = [f"{name},{bundle.record_digest(data)},{len(data)}" for name, data in members.items()]
+    record.append(f"{dist_info}/RECORD,,")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+        archive.writestr(f"{dist_info}/RECORD", "\n".join(record) + "\n")
+    return path
+
+
+@pytest.fixture
+def wheels(tmp_path):
+    rng = __import__("random").Random(1)
+    big = bytes(rng.randrange(256) for _ in range(50_000))
+    official = {
+        "vllm/__init__.py": b"version = 'official'\n",
+        "vllm/big.so": big,
+        "vllm/kernel.py": b"def kernel(): return 1\n",
+        "vllm-1.0.dist-info/METADATA": b"Version: 1.0\n",
+    }
+    patched = dict(official)
+    del patched["vllm-1.0.dist-info/METADATA"]
+    patched["vllm/kernel.py"] = b"def kernel(): return 2\n"
+    patched["vllm/new.json"] = b"{}\n"
+    patched["vllm-1.0+moe.dist-info/METADATA"] = b"Version: 1.0+moe\n"
+    return (
+        _wheel(tmp_path / "official.whl", official, "vllm-1.0.dist-info"),
+        _wheel(tmp_path / "patched.whl", patched, "vllm-1.0+moe.dist-info"),
+    )
+
+
+def test_segments_leave_out_exactly_the_dropped_member(wheels, tmp_path):
+    official, _ = wheels
+    segments, dropped = bundle.kept_segments(official, ("vllm/big.so",))
+    assert dropped == ["vllm/big.so"]
+    kept = sum(length for _, length in segments)
+    with zipfile.ZipFile(official) as archive:
+        info = archive.getinfo("vllm/big.so")
+        start, end = bundle.member_span(archive, info, official.stat().st_size)
+    assert kept == official.stat().st_size - (end - start)
+    assert end - start > info.compress_size  # the local header goes with the data
+
+
+def test_dropping_a_member_the_wheel_lacks_is_an_error(wheels):
+    with pytest.raises(SystemExit, match="no member"):
+        bundle.kept_segments(wheels[0], ("vllm/absent.so",))
+
+
+def test_overlay_holds_changed_members_and_dist_info(wheels):
+    official, patched = wheels
+    _, names = bundle.patched_overlay(official, patched)
+    assert names == sorted(
+        [
+            "vllm/kernel.py",
+            "vllm/new.json",
+            "vllm-1.0+moe.dist-info/METADATA",
+            "vllm-1.0+moe.dist-info/RECORD",
+        ]
+    )
+
+
+def _payload_without_pip(monkeypatch, wheels, tmp_path, drop=("vllm/big.so",)):
+    official, patched = wheels
+    segments, dropped = bundle.kept_segments(official, drop)
+    overlay, changed = bundle.patched_overlay(official, patched)
+    manifest = {
+        "vllm": "1.0",
+        "series_version": "0.0.0",
+        "official_wheel": {
+            "file": official.name,
+            "sha256": bundle.sha256_file(official),
+            "index_sha256": None,
+            "size": official.stat().st_size,
+            "segments": segments,
+            "dropped": dropped,
+        },
+        "patched_wheel": {
+            "file": patched.name,
+            "sha256": bundle.sha256_file(patched),
+            "version": "1.0+moe",
+            "overlay_members": changed,
+        },
+        "dependencies": {},
+    }
+    payload = tmp_path / "payload.tar"
+    bundle.write_payload(payload, official, segments, overlay, [], manifest)
+    out = tmp_path / "parts"
+    out.mkdir()
+    parts = bundle.split(payload, out, 20_000)
+    (out / "bundle.json").write_text(
+        json.dumps({"parts": parts, "payload_sha256": bundle.sha256_file(payload)})
+    )
+    monkeypatch.setattr(stage, "install_dependencies", lambda *a: None)
+    return out
+
+
+def test_stage_installs_both_sides_checked_against_their_records(monkeypatch, wheels, tmp_path):
+    parts = _payload_without_pip(monkeypatch, wheels, tmp_path)
+    into = tmp_path / "staged"
+    summary = stage.stage(parts, into)
+    official, patched = into / "site-official", into / "site-patched"
+    assert (official / "vllm/kernel.py").read_bytes() == b"def kernel(): return 1\n"
+    assert (patched / "vllm/kernel.py").read_bytes() == b"def kernel(): return 2\n"
+    assert (patched / "vllm/new.json").exists() and not (official / "vllm/new.json").exists()
+    assert not (official / "vllm/big.so").exists()  # dropped: never installed
+    assert not (patched / "vllm-1.0.dist-info").exists()
+    assert summary["patched_files_checked"] == 4  # __init__, kernel, new.json, METADATA
+    assert stage.stage(parts, into) == summary  # done once, not redone
+
+
+def test_stage_waits_for_missing_parts_and_refuses_a_damaged_one(monkeypatch, wheels, tmp_path):
+    parts = _payload_without_pip(monkeypatch, wheels, tmp_path)
+    held = tmp_path / "held"
+    held.mkdir()
+    (parts / "part-02").rename(held / "part-02")
+    assert stage.stage(parts, tmp_path / "staged") is None
+    data = bytearray((held / "part-02").read_bytes())
+    data[10] ^= 0xFF
+    (parts / "part-02").write_bytes(bytes(data))
+    with pytest.raises(stage.StageError, match="does not match bundle.json"):
+        stage.stage(parts, tmp_path / "staged")
+
+
+def test_a_changed_member_fails_the_record_check(monkeypatch, wheels, tmp_path):
+    official, patched = wheels
+    target = tmp_path / "site"
+    broken = tmp_path / "broken.whl"
+    with zipfile.ZipFile(official) as src, zipfile.ZipFile(broken, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            dst.writestr(info.filename, b"tampered" if info.filename == "vllm/kernel.py" else data)
+    with pytest.raises(stage.StageError, match="does not match the wheel's RECORD"):
+        stage.extract_checked(broken, target, set())
+
+
+class FakeEngine:
+    """AsyncLLM's generate(): one delta per step, a fixed step time, a prefill delay."""
+
+    def __init__(self, step_s=0.002, prefill_s=0.004):
+        self.step_s, self.prefill_s = step_s, prefill_s
+
+    async def generate(self, prompt, params, request_id):
+        assert all(100 <= t for t in prompt["prompt_token_ids"])
+        await asyncio.sleep(self.prefill_s)
+        for _ in range(params.max_tokens):
+            await asyncio.sleep(self.step_s)
+            yield types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=[7])])
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            self.__dict__.update(kwargs)
+
+    sampling = types.ModuleType("vllm.sampling_params")
+    sampling.RequestOutputKind = types.SimpleNamespace(DELTA=1)
+    vllm = types.ModuleType("vllm")
+    vllm.SamplingParams = SamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling)
+
+
+def test_measure_reports_every_phase_from_streamed_tokens(fake_vllm):
+    spec = {
+        **run.DEFAULT_SPEC,
+        "decode_batches": [1, 4],
+        "decode_tokens": 24,
+        "repeats": 2,
+        "throughput": {"requests": 6, "prompt_lens": [16], "output_lens": [8, 16]},
+        "trace": {**run.DEFAULT_SPEC["trace"], "bursts": 3, "interval_s": 0.01, "max_prompt": 64},
+    }
+    client = engine.Client(FakeEngine(), vocab_size=1000, seed=0)
+    out = asyncio.run(engine.measure(client, spec))
+    for batch in ("1", "4"):
+        tpot = out["decode"][batch]
+        assert len(tpot["tpot_ms"]) == 2
+        assert 1.5 < tpot["median_ms"] < 20  # 2 ms steps, loop overhead allowed
+    assert out["throughput"]["output_tokens"] == 3 * 8 + 3 * 16
+    assert out["trace"]["requests"] == sum(out["trace"]["burst_sizes"])
+    assert out["trace"]["ttft_p50_ms"] >= 4  # the prefill delay comes before the first token
+    assert out["first_ttft_s"] > 0
+
+
+def test_time_per_token_skips_batch_forming_and_needs_enough_tokens():
+    arrivals = [(0.0, 1), (1.0, 1), (1.1, 1), (1.2, 1)] + [(1.2 + 0.1 * i, 1) for i in range(1, 11)]
+    assert engine.time_per_token({"arrivals": arrivals}) == pytest.approx(0.1)
+    assert engine.time_per_token({"arrivals": arrivals[:6]}) is None
+
+
+def test_percentile_is_an_order_statistic():
+    values = [float(v) for v in range(1, 101)]
+    assert engine.percentile(values, 50) in (50.0, 51.0)
+    assert engine.percentile(values, 99) == 99.0
+    assert engine.percentile([3.0], 99) == 3.0
+
+
+# Lines as vLLM 0.21.0 (patched) wrote them on the H200 (kernels/results/e2e logs).
+LOG = """\
+(EngineCore pid=3960) INFO 11-30 20:51:13 [fp8.py:478] Using TRITON Fp8 MoE backend out of potential backends: ['TRITON', 'AITER', 'FLASHINFER_CUTLASS'], because it is the first supported one; Hopper FP8 MoE without expert parallelism tries TRITON first (VLLM_FP8_MOE_BACKEND=auto).
+(EngineCore pid=3960) INFO 11-30 20:51:17 [gpu_model_runner.py:4959] Model loading took 29.03 GiB memory and 3.455353 seconds
+(EngineCore pid=3960) INFO 11-30 20:52:08 [monitor.py:53] torch.compile took 50.56 s in total
+(EngineCore pid=3960) INFO 11-30 20:52:35 [gpu_model_runner.py:6243] Graph capturing finished in 10 secs, took 0.21 GiB
+(EngineCore pid=3960) INFO 11-30 20:52:35 [core.py:299] init engine (profile, create kv cache, warmup model) took 78.20 s (compilation: 50.56 s)
+(EngineCore pid=3960) WARNING 11-30 20:52:37 [jit_monitor.py:103] Triton kernel JIT compilation during inference: fused_moe_kernel. This causes a latency spike
+"""
+OFFICIAL = (
+    "(EngineCore pid=4389) INFO 11-30 20:53:41 [fp8.py:407] Using TRITON Fp8 MoE backend out of "
+    "potential backends: ['AITER', 'FLASHINFER_TRTLLM', 'TRITON'].\n"
+)
+
+
+def test_log_facts_name_the_backend_its_reason_and_the_stalls():
+    facts = run.parse_log(LOG)
+    assert facts["moe_backend"] == "TRITON"
+    assert facts["moe_backend_candidates"] == "['TRITON', 'AITER', 'FLASHINFER_CUTLASS']"
+    assert facts["moe_backend_reason"].startswith("it is the first supported one; Hopper")
+    assert facts["torch_compile_s"] == 50.56 and facts["graph_capture_s"] == 10.0
+    assert facts["engine_init_s"] == 78.2 and facts["model_load_s"] == 3.455353
+    assert facts["jit_during_inference"] == ["fused_moe_kernel"]
+    official = run.parse_log(OFFICIAL)
+    assert official["moe_backend"] == "TRITON" and official["moe_backend_reason"] is None
+    assert "jit_during_inference" not in official
+
+
+def test_variants_alternate_the_wheel_order_and_add_head_to_heads():
+    todo = run.variants(
+        "m",
+        ["a", "b"],
+        ["official", "patched"],
+        ["patched:a:cutlass", "patched:b:env=flashinfer_cutlass"],
+    )
+    assert [(v["kind"], v["wheel"]) for v in todo[:4]] == [
+        ("a", "official"),
+        ("a", "patched"),
+        ("b", "patched"),
+        ("b", "official"),
+    ]
+    assert todo[4]["requested_backend"] == "cutlass" and "fp8_env" not in todo[4]
+    assert todo[5]["fp8_env"] == "flashinfer_cutlass" and "requested_backend" not in todo[5]
+    assert len({v["name"] for v in todo}) == len(todo)
+
+
+def test_report_compares_the_wheels_per_kind():
+    def result(scale):
+        return {
+            "startup_s": 60 * scale,
+            "first_ttft_s": 0.5 * scale,
+            "decode": {"1": {"tpot_ms": [5 * scale] * 3, "median_ms": 5 * scale}},
+            "throughput": {"output_tokens_per_s": 1000 / scale},
+            "trace": {
+                "ttft_p50_ms": 40 * scale,
+                "ttft_p99_ms": 400 * scale,
+                "triton_kernels_compiled": 2,
+            },
+        }
+
+    report = {
+        "command": "python -m moe_e2e.run",
+        "vllm": "0.21.0",
+        "series_version": "0.1.0",
+        "environment": {"gpu": "H200"},
+        "model": "m",
+        "spec": {"decode_batches": [1], "max_num_seqs": 64, "max_model_len": 4096},
+        "official_wheel": {"file": "o.whl", "sha256": "aa", "dropped": []},
+        "patched_wheel": {"file": "p.whl", "sha256": "bb", "version": "0.21.0+moe.0.1.0"},
+        "variants": [
+            {
+                "name": "o",
+                "kind": "fp8-block",
+                "wheel": "official",
+                "moe_backend": "TRITON",
+                "log": "o.log",
+                "result": result(1.0),
+            },
+            {
+                "name": "p",
+                "kind": "fp8-block",
+                "wheel": "patched",
+                "moe_backend": "TRITON",
+                "log": "p.log",
+                "result": result(0.9),
+            },
+            {
+                "name": "x",
+                "kind": "fp8-block",
+                "wheel": "patched",
+                "moe_backend": None,
+                "log": "x.log",
+                "returncode": 1,
+            },
+        ],
+    }
+    text = markdown(report)
+    assert "| fp8-block | 0.900 | 0.900 | 1.111 | 0.900 | 0.900 | 0.900 |" in text
+    assert "failed (1), see `x.log`" in text
+
+
+def test_bundle_pins_every_engine_dependency():
+    assert all("==" in requirement for requirement in bundle.ENGINE_DEPENDENCIES)
+    names = [r.split("==")[0] for r in bundle.ENGINE_DEPENDENCIES]
+    assert len(names) == len(set(names))
+    assert hashlib.sha256(b"").hexdigest() == bundle.sha256_bytes(b"")
+    assert io.BytesIO  # the helpers above write through in-memory buffers
