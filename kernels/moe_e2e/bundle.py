@@ -1,6 +1,6 @@
 """Collect what the end-to-end benchmark needs on a GPU machine that has no network.
 
-    python -m moe_e2e.bundle --vllm 0.21 --out .e2e/bundle [--part-mib 44]
+    python -m moe_e2e.bundle --vllm 0.21 --out .e2e/bundle [--part-mib 45]
 
 Writes ``payload.tar`` split into parts of at most ``--part-mib`` MiB (``part-01`` ...) and
 ``bundle.json`` (each part's and the whole payload's sha256), so the bundle can travel in
@@ -53,6 +53,8 @@ ENGINE_DEPENDENCIES = (
     "distro==1.9.0",
     "fastapi==0.165.0",
     "gguf==0.19.0",
+    "httpcore2==2.16.2",
+    "httpx2==2.16.2",
     "jiter==0.19.0",
     "llguidance==1.3.0",
     "loguru==0.7.3",
@@ -68,6 +70,7 @@ ENGINE_DEPENDENCIES = (
     "setproctitle==1.3.8",
     "sniffio==1.3.1",
     "starlette==1.10.0",
+    "truststore==0.10.5",
     "typing-inspection==0.4.5",
     "xgrammar==0.2.6",
 )
@@ -288,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--vllm", default="0.21", help="release (default: 0.21)")
     parser.add_argument("--out", type=Path, default=Path(".e2e/bundle"))
-    parser.add_argument("--part-mib", type=int, default=44, help="largest part (MiB)")
+    parser.add_argument(
+        "--part-mib", type=int, default=45, help="largest part (MiB; default fits a 64 MiB call)"
+    )
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python")
     parser.add_argument(
         "--platform",

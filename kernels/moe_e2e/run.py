@@ -1,6 +1,6 @@
 """Run the end-to-end benchmark: every variant in a fresh process, interleaved, one result file.
 
-    python -m moe_e2e.run --staged /root/moe-e2e --model qwen3-30b-a3b --out results/e2e \
+    python -m moe_e2e.run --staged ~/moe-e2e --model qwen3-30b-a3b --out results/e2e \
         [--kinds fp8-static,compressed-tensors,fp8-dynamic,fp8-block] [--wheels official,patched]
         [--head-to-head patched:fp8-static:cutlass ...] [--max-num-seqs 64] [--repeats 3]
 
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m moe_e2e.run", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--staged", type=Path, default=Path("/root/moe-e2e"))
+    parser.add_argument("--staged", type=Path, default=Path("~/moe-e2e").expanduser())
     parser.add_argument("--model", required=True, choices=sorted(models.MODELS))
     parser.add_argument("--kinds", default=",".join(models.FP8_KINDS))
     parser.add_argument("--wheels", default="official,patched")

@@ -1,6 +1,6 @@
 """Put the end-to-end bundle together on the GPU machine and install both vLLMs side by side.
 
-    python -m moe_e2e.stage --parts .e2e/bundle --into /root/moe-e2e
+    python -m moe_e2e.stage --parts .e2e/bundle --into ~/moe-e2e
 
 Parts may arrive over several calls: each run moves the parts it finds (checked against
 ``bundle.json``) to ``--into``; once all are there it checks the payload's sha256, unpacks it
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m moe_e2e.stage", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--parts", type=Path, default=Path(".e2e/bundle"))
-    parser.add_argument("--into", type=Path, default=Path("/root/moe-e2e"))
+    parser.add_argument("--into", type=Path, default=Path("~/moe-e2e").expanduser())
     args = parser.parse_args(argv)
     try:
         summary = stage(args.parts, args.into)

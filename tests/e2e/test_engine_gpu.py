@@ -1,7 +1,7 @@
 """The patched wheel serves: a vLLM engine from it starts on a small FP8 MoE model and generates.
 
 GPU tier: needs a CUDA GPU and a staged bundle (``python -m moe_e2e.stage``; its directory in
-``MOE_E2E_STAGED``, default /root/moe-e2e).  Skipped elsewhere, so never run in CI.
+``MOE_E2E_STAGED``, default ~/moe-e2e).  Skipped elsewhere, so never run in CI.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-STAGED = Path(os.environ.get("MOE_E2E_STAGED", "/root/moe-e2e"))
+STAGED = Path(os.environ.get("MOE_E2E_STAGED", "~/moe-e2e")).expanduser()
 TOKENS = 24
 
 
