@@ -15,7 +15,10 @@ streaming every token:
 * ``throughput``: a fixed mix of prompt/output lengths sent at once, output tokens per second;
 * ``trace``: bursts of 1..32 requests with random prompt lengths every ``interval_s``, the TTFT
   of each request (where a new token count compiles a Triton kernel, a burst waits for it);
-* ``triton_kernels``: compiled kernels in the Triton cache after each phase.
+* ``triton_kernels``: compiled kernels in the Triton cache after each phase;
+* ``profile`` (when the spec names ``profile_batches``): per batch size, the GPU time of a
+  batch's steps (16-token prompts, ``profile_tokens`` output tokens) by kernel kind, from
+  vLLM's torch-profiler trace (``moe_e2e.profile``), measured last.
 """
 
 from __future__ import annotations
@@ -163,7 +166,47 @@ async def measure(client: Client, spec: dict) -> dict:
         "triton_kernels_compiled": triton_kernels() - before,
     }
     out["triton_kernels"]["trace"] = triton_kernels()
+
+    if spec.get("profile_batches"):
+        out["profile"] = await profile_steps(client, spec)
     return out
+
+
+async def profile_steps(client: Client, spec: dict) -> dict:
+    """One profiled batch per size: where its steps' GPU time goes (``moe_e2e.profile``)."""
+    from .profile import breakdown, load_trace
+
+    traces = Path(spec["profile_dir"])
+    tokens = spec.get("profile_tokens", 32)
+    out = {}
+    for batch in spec["profile_batches"]:
+        before = set(traces.rglob("*.json*"))
+        await client.engine.start_profile()
+        await asyncio.gather(*(client.request(16, tokens) for _ in range(batch)))
+        await client.engine.stop_profile()
+        for _ in range(120):  # the worker writes its trace after stopping
+            new = sorted(set(traces.rglob("*.pt.trace.json*")) - before)
+            if new:
+                break
+            await asyncio.sleep(1.0)
+        if not new:
+            out[str(batch)] = {"error": "no trace written"}
+            continue
+        out[str(batch)] = {"trace": new[-1].name, **breakdown(load_trace(new[-1]), tokens)}
+    return out
+
+
+def profiler_args(spec: dict) -> dict:
+    if not spec.get("profile_batches"):
+        return {}
+    return {
+        "profiler_config": {
+            "profiler": "torch",
+            "torch_profiler_dir": spec["profile_dir"],
+            "torch_profiler_with_stack": False,
+            "torch_profiler_use_gzip": True,
+        }
+    }
 
 
 async def main_async(spec: dict) -> dict:
@@ -184,6 +227,7 @@ async def main_async(spec: dict) -> dict:
         seed=spec["seed"],
         moe_backend=spec.get("moe_backend") or "auto",
         disable_log_stats=True,
+        **profiler_args(spec),
     )
     engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER)
     result = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -21,6 +22,18 @@ FACT_KEYS = {
 
 def _fmt(value, digits=1) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _median(values) -> float:
+    return statistics.median(list(values))
+
+
+def _spread(metric, official: list[dict], patched: list[dict]) -> str:
+    """With several engines of each wheel: the range of the ratio over engine pairs."""
+    if len(official) < 2 and len(patched) < 2:
+        return ""
+    ratios = [metric(p) / metric(o) for o in official for p in patched if metric(o)]
+    return f" ({min(ratios):.3f}–{max(ratios):.3f})" if ratios else ""
 
 
 def _ratio(new, old) -> str:
@@ -84,30 +97,53 @@ def markdown(report: dict) -> str:
             )
             + " |"
         )
-    lines += ["", "## Patched against official, per FP8 kind (< 1 is faster for times)", ""]
-    pairs = {}
+    lines += [
+        "",
+        "## Patched against official, per FP8 kind (< 1 is faster for times; median over engines, range over engine pairs)",
+        "",
+    ]
+    pairs: dict[str, dict[str, list[dict]]] = {}
     for v in report["variants"]:
         if "result" in v and not v.get("requested_backend") and not v.get("fp8_env"):
-            pairs.setdefault(v["kind"], {})[v["wheel"]] = v["result"]
+            pairs.setdefault(v["kind"], {}).setdefault(v["wheel"], []).append(v["result"])
     header = (
-        ["FP8 kind", "start-up"]
+        ["FP8 kind", "engines", "start-up"]
         + [f"TPOT B={b}" for b in batches]
         + ["throughput (>1 faster)", "trace TTFT p50", "p99", "first TTFT"]
     )
+    metrics = [lambda r: r["startup_s"]]
+    metrics += [lambda r, b=b: r["decode"][b]["median_ms"] for b in batches]
+    metrics += [
+        lambda r: r["throughput"]["output_tokens_per_s"],
+        lambda r: r["trace"]["ttft_p50_ms"],
+        lambda r: r["trace"]["ttft_p99_ms"],
+        lambda r: r["first_ttft_s"],
+    ]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for kind, pair in pairs.items():
         if {"official", "patched"} - set(pair):
             continue
         o, p = pair["official"], pair["patched"]
-        cells = [kind, _ratio(p["startup_s"], o["startup_s"])]
-        cells += [_ratio(p["decode"][b]["median_ms"], o["decode"][b]["median_ms"]) for b in batches]
+        cells = [kind, f"{len(o)} + {len(p)}"]
         cells += [
-            _ratio(p["throughput"]["output_tokens_per_s"], o["throughput"]["output_tokens_per_s"]),
-            _ratio(p["trace"]["ttft_p50_ms"], o["trace"]["ttft_p50_ms"]),
-            _ratio(p["trace"]["ttft_p99_ms"], o["trace"]["ttft_p99_ms"]),
-            _ratio(p["first_ttft_s"], o["first_ttft_s"]),
+            _ratio(_median(map(m, p)), _median(map(m, o))) + _spread(m, o, p) for m in metrics
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    profiled = [v for v in report["variants"] if v.get("result", {}).get("profile")]
+    if profiled:
+        from .profile import KINDS
+
+        lines += ["", "## Where a step's GPU time goes (µs per step, profiled batches)", ""]
+        header = ["variant", "batch", "GPU kernels", *KINDS]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for v in profiled:
+            for batch, p in v["result"]["profile"].items():
+                if "error" in p:
+                    lines.append(f"| {v['name']} | {batch} | {p['error']} |" + " |" * len(KINDS))
+                    continue
+                cells = [f"{p['us_per_step'][k]:.0f} ({p['share'][k]:.0%})" for k in KINDS]
+                row = [v["name"], batch, f"{p['kernel_us_per_step']:.0f}", *cells]
+                lines.append("| " + " | ".join(row) + " |")
     lines += ["", "## What each engine logged", ""]
     for v in report["variants"]:
         facts = ", ".join(

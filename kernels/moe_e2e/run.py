@@ -125,6 +125,7 @@ def run_variant(staged: dict, variant: dict, spec: dict, logs: Path, timeout: fl
             "quantization": kind.engine_quantization,
             "moe_backend": variant.get("requested_backend"),
             "out": str(scratch / "result.json"),
+            "profile_dir": str(scratch / "profile"),
         }
         (scratch / "spec.json").write_text(json.dumps(full, indent=2))
         log_path = logs / f"{name}.log"
@@ -160,24 +161,35 @@ def run_variant(staged: dict, variant: dict, spec: dict, logs: Path, timeout: fl
 
 
 def variants(
-    model: str, kinds: list[str], wheels: list[str], head_to_head: list[str]
+    model: str, kinds: list[str], wheels: list[str], head_to_head: list[str], rounds: int = 1
 ) -> list[dict]:
+    """The engines to start, in order: per round every kind's wheels (the order alternating from
+    kind to kind and from round to round, so neither wheel always runs first), then the
+    head-to-head backends."""
     out = []
-    for position, kind in enumerate(kinds):
-        order = wheels if position % 2 == 0 else list(reversed(wheels))
-        for wheel in order:
-            out.append(
-                {"name": f"{model}-{kind}-{wheel}", "model": model, "kind": kind, "wheel": wheel}
-            )
-    for item in head_to_head:
-        wheel, kind, backend = item.split(":")
-        entry = {"model": model, "kind": kind, "wheel": wheel}
-        if backend.startswith("env="):
-            entry["fp8_env"] = backend[4:]
-        else:
-            entry["requested_backend"] = backend
-        entry["name"] = f"{model}-{kind}-{wheel}-{backend.replace('=', '-')}"
-        out.append(entry)
+    for round_ in range(1, rounds + 1):
+        suffix = f"-r{round_}" if rounds > 1 else ""
+        for position, kind in enumerate(kinds):
+            flip = (position + round_ - 1) % 2 == 1
+            for wheel in reversed(wheels) if flip else wheels:
+                out.append(
+                    {
+                        "name": f"{model}-{kind}-{wheel}{suffix}",
+                        "model": model,
+                        "kind": kind,
+                        "wheel": wheel,
+                        "round": round_,
+                    }
+                )
+        for item in head_to_head:
+            wheel, kind, backend = item.split(":")
+            entry = {"model": model, "kind": kind, "wheel": wheel, "round": round_}
+            if backend.startswith("env="):
+                entry["fp8_env"] = backend[4:]
+            else:
+                entry["requested_backend"] = backend
+            entry["name"] = f"{model}-{kind}-{wheel}-{backend.replace('=', '-')}{suffix}"
+            out.append(entry)
     return out
 
 
@@ -222,8 +234,22 @@ def main(argv: list[str] | None = None) -> int:
         help="WHEEL:KIND:BACKEND (or WHEEL:KIND:env=BACKEND)",
     )
     parser.add_argument("--max-num-seqs", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=DEFAULT_SPEC["repeats"])
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=DEFAULT_SPEC["repeats"],
+        help="decode repeats inside each engine",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="start every engine this many times (wheel order alternating)",
+    )
     parser.add_argument("--decode-batches", default="1,4,16,64")
+    parser.add_argument(
+        "--profile-batches", default="", help="batch sizes to profile by kernel kind (e.g. 1,16)"
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per variant")
     parser.add_argument("--out", type=Path, required=True, help="result path without suffix")
     args = parser.parse_args(argv)
@@ -234,8 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         "max_num_seqs": args.max_num_seqs,
         "repeats": args.repeats,
         "decode_batches": [int(b) for b in args.decode_batches.split(",")],
+        "profile_batches": [int(b) for b in args.profile_batches.split(",") if b],
     }
-    todo = variants(args.model, args.kinds.split(","), args.wheels.split(","), args.head_to_head)
+    todo = variants(
+        args.model, args.kinds.split(","), args.wheels.split(","), args.head_to_head, args.rounds
+    )
     logs = args.out.parent / f"{args.out.name}-logs"
     logs.mkdir(parents=True, exist_ok=True)
     report = {

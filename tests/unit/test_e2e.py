@@ -188,16 +188,29 @@ def test_a_changed_member_fails_the_record_check(monkeypatch, wheels, tmp_path):
 
 
 class FakeEngine:
-    """AsyncLLM's generate(): one delta per step, a fixed step time, a prefill delay."""
+    """AsyncLLM's generate(): one delta per step, a fixed step time, a prefill delay; its
+    profiler writes a trace with one MoE GEMM kernel per generated token."""
 
-    def __init__(self, step_s=0.002, prefill_s=0.004):
+    def __init__(self, step_s=0.002, prefill_s=0.004, profile_dir=None):
         self.step_s, self.prefill_s = step_s, prefill_s
+        self.profile_dir, self.profiling, self.kernels = profile_dir, False, []
+
+    async def start_profile(self):
+        self.profiling, self.kernels = True, []
+
+    async def stop_profile(self):
+        self.profiling = False
+        trace = {"traceEvents": self.kernels}
+        name = f"worker.{len(list(self.profile_dir.iterdir()))}.pt.trace.json"
+        (self.profile_dir / name).write_text(json.dumps(trace))
 
     async def generate(self, prompt, params, request_id):
         assert all(100 <= t for t in prompt["prompt_token_ids"])
         await asyncio.sleep(self.prefill_s)
         for _ in range(params.max_tokens):
             await asyncio.sleep(self.step_s)
+            if self.profiling:
+                self.kernels.append({"cat": "kernel", "name": "fused_moe_kernel", "dur": 5.0})
             yield types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=[7])])
 
 
@@ -293,6 +306,18 @@ def test_variants_alternate_the_wheel_order_and_add_head_to_heads():
     assert todo[4]["requested_backend"] == "cutlass" and "fp8_env" not in todo[4]
     assert todo[5]["fp8_env"] == "flashinfer_cutlass" and "requested_backend" not in todo[5]
     assert len({v["name"] for v in todo}) == len(todo)
+    two = run.variants("m", ["a", "b"], ["official", "patched"], [], rounds=2)
+    assert [(v["kind"], v["wheel"], v["round"]) for v in two] == [
+        ("a", "official", 1),
+        ("a", "patched", 1),
+        ("b", "patched", 1),
+        ("b", "official", 1),
+        ("a", "patched", 2),
+        ("a", "official", 2),
+        ("b", "official", 2),
+        ("b", "patched", 2),
+    ]
+    assert two[4]["name"] == "m-a-patched-r2"
 
 
 def test_report_compares_the_wheels_per_kind():
@@ -345,8 +370,19 @@ def test_report_compares_the_wheels_per_kind():
             },
         ],
     }
+    shares = dict.fromkeys(
+        ("moe_gemm", "moe_routing", "attention", "linear", "quantization", "other"), 0.0
+    )
+    report["variants"][1]["result"]["profile"] = {
+        "16": {
+            "kernel_us_per_step": 100.0,
+            "us_per_step": {**shares, "moe_gemm": 60.0, "attention": 40.0},
+            "share": {**shares, "moe_gemm": 0.6, "attention": 0.4},
+        }
+    }
     text = markdown(report)
-    assert "| fp8-block | 0.900 | 0.900 | 1.111 | 0.900 | 0.900 | 0.900 |" in text
+    assert "| fp8-block | 1 + 1 | 0.900 | 0.900 | 1.111 | 0.900 | 0.900 | 0.900 |" in text
+    assert "| p | 16 | 100 | 60 (60%) | 0 (0%) | 40 (40%) |" in text
     assert "failed (1), see `x.log`" in text
 
 
@@ -356,3 +392,88 @@ def test_bundle_pins_every_engine_dependency():
     assert len(names) == len(set(names))
     assert hashlib.sha256(b"").hexdigest() == bundle.sha256_bytes(b"")
     assert io.BytesIO  # the helpers above write through in-memory buffers
+
+
+def test_profile_sorts_kernels_into_the_kinds_of_a_decode_step():
+    from moe_e2e import profile
+
+    names = {
+        "fused_moe_kernel": "moe_gemm",
+        "void vllm::moe::topkGatingSoftmax<8, 128>(float const*, ...)": "moe_routing",
+        "void vllm::moe::moe_align_block_size_kernel<int>": "moe_routing",
+        "void flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128>>": "attention",
+        "void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16>": "attention",
+        "sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x128": "linear",
+        "void cutlass::device_kernel<cutlass_3x_gemm<...>>": "linear",
+        "void vllm::scaled_fp8_quant_kernel<c10::BFloat16>": "quantization",
+        "triton_red_fused_add_rms_norm_0": "other",
+    }
+    for name, kind in names.items():
+        assert profile.classify(name) == kind, name
+    trace = {
+        "traceEvents": [
+            {"cat": "kernel", "name": "fused_moe_kernel", "dur": 30.0},
+            {"cat": "kernel", "name": "fused_moe_kernel", "dur": 10.0},
+            {"cat": "kernel", "name": "void flash::flash_fwd_kernel", "dur": 40.0},
+            {"cat": "kernel", "name": "triton_poi_fused_mul_0", "dur": 20.0},
+            {"cat": "cpu_op", "name": "aten::mm", "dur": 500.0},  # host side: not GPU time
+        ]
+    }
+    out = profile.breakdown(trace, steps=2)
+    assert out["kernel_us_per_step"] == 50.0
+    assert out["us_per_step"]["moe_gemm"] == 20.0 and out["share"]["attention"] == 0.4
+    assert out["top_kernels"][0] == {
+        "name": "fused_moe_kernel",
+        "kind": "moe_gemm",
+        "us_per_step": 20.0,
+    }
+
+
+def test_measure_profiles_the_named_batches(fake_vllm, tmp_path):
+    spec = {
+        **run.DEFAULT_SPEC,
+        "decode_batches": [1],
+        "decode_tokens": 12,
+        "repeats": 1,
+        "throughput": {"requests": 2, "prompt_lens": [16], "output_lens": [8]},
+        "trace": {**run.DEFAULT_SPEC["trace"], "bursts": 1, "interval_s": 0.0},
+        "profile_batches": [1, 4],
+        "profile_tokens": 8,
+        "profile_dir": str(tmp_path),
+    }
+    client = engine.Client(FakeEngine(profile_dir=tmp_path), vocab_size=1000, seed=0)
+    out = asyncio.run(engine.measure(client, spec))
+    # one kernel per token per request: B requests x 8 tokens over 8 steps
+    assert out["profile"]["1"]["us_per_step"]["moe_gemm"] == 5.0
+    assert out["profile"]["4"]["us_per_step"]["moe_gemm"] == 20.0
+    assert out["profile"]["4"]["share"]["moe_gemm"] == 1.0
+
+
+def test_report_with_two_engines_per_wheel_gives_the_ratio_range():
+    def result(tpot):
+        return {
+            "startup_s": 60,
+            "first_ttft_s": 0.5,
+            "decode": {"1": {"tpot_ms": [tpot], "median_ms": tpot}},
+            "throughput": {"output_tokens_per_s": 1000},
+            "trace": {"ttft_p50_ms": 40, "ttft_p99_ms": 400, "triton_kernels_compiled": 0},
+        }
+
+    engines = [("official", 5.0), ("official", 5.2), ("patched", 4.5), ("patched", 4.7)]
+    report = {
+        "command": "c",
+        "vllm": "0.21.0",
+        "series_version": "0.1.0",
+        "environment": {},
+        "model": "m",
+        "spec": {"decode_batches": [1], "max_num_seqs": 64, "max_model_len": 4096},
+        "official_wheel": {"file": "o", "sha256": "a", "dropped": []},
+        "patched_wheel": {"file": "p", "sha256": "b", "version": "v"},
+        "variants": [
+            {"name": f"{w}{i}", "kind": "fp8-block", "wheel": w, "log": "l", "result": result(t)}
+            for i, (w, t) in enumerate(engines)
+        ],
+    }
+    row = next(line for line in markdown(report).splitlines() if line.startswith("| fp8-block"))
+    # medians 5.1 and 4.6; pairs 4.5/5.2 .. 4.7/5.0
+    assert "| 2 + 2 |" in row and "0.902 (0.865–0.940)" in row
