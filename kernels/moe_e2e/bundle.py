@@ -93,6 +93,7 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: Path) -> str:
+    # Not moe_patch.cache's: stage imports this module on the GPU machine, which has no moe-patch.
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):

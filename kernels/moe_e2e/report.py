@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -175,14 +176,21 @@ def refresh_log_facts(report: dict, logs: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``RESULT.json [--refresh]``: write RESULT.md; --refresh re-reads the facts from the logs."""
-    argv = sys.argv[1:] if argv is None else argv
-    path = Path(argv[0])
-    report = json.loads(path.read_text())
-    if "--refresh" in argv[1:]:
-        refresh_log_facts(report, path.parent / f"{path.stem}-logs")
-        path.write_text(json.dumps(report, indent=2) + "\n")
-    path.with_suffix(".md").write_text(markdown(report))
+    parser = argparse.ArgumentParser(
+        prog="python -m moe_e2e.report", description="Write RESULT.md beside RESULT.json."
+    )
+    parser.add_argument("result", type=Path, help="a moe_e2e.run result file")
+    parser.add_argument(
+        "--refresh", action="store_true", help="re-read the engines' facts from the kept logs"
+    )
+    args = parser.parse_args(argv)
+    if not args.result.is_file():
+        parser.error(f"{args.result} is not a file")
+    report = json.loads(args.result.read_text())
+    if args.refresh:
+        refresh_log_facts(report, args.result.parent / f"{args.result.stem}-logs")
+        args.result.write_text(json.dumps(report, indent=2) + "\n")
+    args.result.with_suffix(".md").write_text(markdown(report))
     return 0
 
 

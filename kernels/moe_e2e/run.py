@@ -254,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="result path without suffix")
     args = parser.parse_args(argv)
 
+    if not (args.staged / "staged.json").is_file():
+        parser.error(f"{args.staged} holds no staged bundle: run python -m moe_e2e.stage first")
     staged = json.loads((args.staged / "staged.json").read_text())
     spec = {
         **DEFAULT_SPEC,
