@@ -161,6 +161,19 @@ def patched_overlay(official: Path, patched: Path) -> tuple[bytes, list[str]]:
     return buffer.getvalue(), sorted(changed)
 
 
+def pinned_requirement(wheel: Path, name: str) -> str:
+    """The ``name==version`` the wheel's own METADATA pins (vLLM pins FlashInfer exactly)."""
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = archive.read(metadata).decode("utf-8").splitlines()
+    for line in lines:
+        if line.startswith("Requires-Dist:"):
+            requirement = line.split(":", 1)[1].split(";")[0].strip()
+            if requirement.lower().startswith(f"{name.lower()}==") and ";" not in line:
+                return requirement
+    raise SystemExit(f"moe_e2e.bundle: {wheel.name} pins no {name}==VERSION")
+
+
 def download_dependencies(directory: Path, python_version: str, requirements) -> list[Path]:
     """``pip download`` the engine's missing packages for the GPU machine (pip's own index)."""
     command = [
@@ -233,6 +246,7 @@ def build(
     drop,
     platform: str,
     index_url: str | None = None,
+    with_flashinfer: bool = False,
 ) -> dict:
     from moe_patch import __version__ as series_version
     from moe_patch import wheel as wheels
@@ -247,7 +261,10 @@ def build(
         official, dist = wheels.official_wheel(result.vllm, platform, index_url)
         segments, dropped = kept_segments(official, tuple(drop))
         overlay, changed = patched_overlay(official, Path(result.path))
-        deps = download_dependencies(scratch / "deps", python_version, ENGINE_DEPENDENCIES)
+        requirements = list(ENGINE_DEPENDENCIES)
+        if with_flashinfer:
+            requirements.append(pinned_requirement(official, "flashinfer-python"))
+        deps = download_dependencies(scratch / "deps", python_version, requirements)
         manifest = {
             "vllm": result.vllm,
             "series_version": series_version,
@@ -308,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"wheel member left out (default: {', '.join(DEFAULT_DROP)})",
     )
     parser.add_argument("--index-url", default=None, help="package index (default: pip's)")
+    parser.add_argument(
+        "--with-flashinfer",
+        action="store_true",
+        help="also bundle flashinfer-python at the release's pin (its kernels are JIT-built "
+        "with the GPU machine's nvcc on first use)",
+    )
     args = parser.parse_args(argv)
     summary = build(
         args.vllm,
@@ -317,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         args.drop if args.drop is not None else DEFAULT_DROP,
         args.platform,
         args.index_url,
+        args.with_flashinfer,
     )
     sizes = ", ".join(f"{p['name']} {p['size'] / 2**20:.1f} MiB" for p in summary["parts"])
     print(f"vLLM {summary['vllm']} bundle in {args.out}: {sizes}")

@@ -102,14 +102,23 @@ def variant_env(staged: dict, wheel: str, caches: Path, fp8_env: str | None) -> 
             "VLLM_LOGGING_LEVEL": "INFO",
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
-            # vLLM's sampler imports FlashInfer by default on CUDA; without it installed, PyTorch's.
-            "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0"),
             "MOE_E2E_LAUNCHED": repr(time.time()),
         }
     )
+    if has_flashinfer(staged):
+        # FlashInfer JIT-builds its kernels with nvcc on first use: one workspace for every
+        # variant, so only the first engine that needs a kernel pays for its build.
+        env["FLASHINFER_WORKSPACE_BASE"] = str(Path(staged["sites"]["deps"]).parent / "flashinfer")
+    else:
+        # vLLM's sampler imports FlashInfer by default on CUDA; without it, PyTorch's sampler.
+        env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
     if fp8_env:
         env["VLLM_FP8_MOE_BACKEND"] = fp8_env
     return env
+
+
+def has_flashinfer(staged: dict) -> bool:
+    return any(name.startswith("flashinfer_python-") for name in staged.get("dependencies", []))
 
 
 def run_variant(staged: dict, variant: dict, spec: dict, logs: Path, timeout: float) -> dict:

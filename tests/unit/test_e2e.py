@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import io
 import json
+import os
 import sys
 import types
 import zipfile
@@ -477,3 +478,30 @@ def test_report_with_two_engines_per_wheel_gives_the_ratio_range():
     row = next(line for line in markdown(report).splitlines() if line.startswith("| fp8-block"))
     # medians 5.1 and 4.6; pairs 4.5/5.2 .. 4.7/5.0
     assert "| 2 + 2 |" in row and "0.902 (0.865–0.940)" in row
+
+
+def test_flashinfer_comes_at_the_release_pin_and_changes_the_engine_environment(tmp_path):
+    metadata = (
+        "Metadata-Version: 2.1\nName: vllm\nRequires-Dist: flashinfer-python==0.6.8.post1\n"
+        'Requires-Dist: flashinfer-python>=0.7; extra == "next"\nRequires-Dist: torch==2.11.0\n'
+    )
+    wheel = tmp_path / "vllm-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("vllm-1.0.dist-info/METADATA", metadata)
+    assert bundle.pinned_requirement(wheel, "flashinfer-python") == "flashinfer-python==0.6.8.post1"
+    with pytest.raises(SystemExit, match="pins no flashinfer-cubin"):
+        bundle.pinned_requirement(wheel, "flashinfer-cubin")
+
+    staged = {
+        "sites": {"official": "o", "patched": "p", "deps": str(tmp_path / "site-deps")},
+        "dependencies": ["pydantic-2.14.4-py3-none-any.whl"],
+    }
+    without = run.variant_env(staged, "official", tmp_path / "caches", None)
+    assert without["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert "FLASHINFER_WORKSPACE_BASE" not in without
+    staged["dependencies"].append("flashinfer_python-0.6.8.post1-py3-none-any.whl")
+    with_fi = run.variant_env(staged, "patched", tmp_path / "caches", "flashinfer_cutlass")
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in with_fi
+    assert with_fi["FLASHINFER_WORKSPACE_BASE"] == str(tmp_path / "flashinfer")
+    assert with_fi["VLLM_FP8_MOE_BACKEND"] == "flashinfer_cutlass"
+    assert with_fi["PYTHONPATH"].split(os.pathsep)[:2] == ["p", str(tmp_path / "site-deps")]
