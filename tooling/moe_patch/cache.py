@@ -26,9 +26,26 @@ from pathlib import Path
 import filelock
 import platformdirs
 
-from .errors import BusyError
+from .errors import BusyError, UsageError
 
-LOCK_TIMEOUT = float(os.environ.get("MOE_PATCH_LOCK_TIMEOUT", "900"))
+DEFAULT_LOCK_TIMEOUT = 900.0  # seconds; MOE_PATCH_LOCK_TIMEOUT overrides it
+
+
+def lock_timeout() -> float:
+    """How long to wait for another run's lock: ``MOE_PATCH_LOCK_TIMEOUT`` seconds, else 900."""
+    value = os.environ.get("MOE_PATCH_LOCK_TIMEOUT")
+    if value is None:
+        return DEFAULT_LOCK_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds >= 0 or seconds == float("inf"):
+        raise UsageError(
+            f"MOE_PATCH_LOCK_TIMEOUT={value!r} is not a number of seconds; "
+            "set it to one (e.g. 900) or unset it"
+        )
+    return seconds
 
 
 def root() -> Path:
@@ -47,7 +64,7 @@ def subdir(name: str) -> Path:
 def locked(name: str, timeout: float | None = None) -> Iterator[None]:
     """Hold the cache lock ``name``; wait up to ``timeout`` s, then fail as busy."""
     lock = filelock.FileLock(str(subdir("locks") / f"{name}.lock"))
-    wait = LOCK_TIMEOUT if timeout is None else timeout
+    wait = lock_timeout() if timeout is None else timeout
     try:
         lock.acquire(timeout=wait)
     except filelock.Timeout:

@@ -26,7 +26,7 @@ from packaging.version import Version
 
 from . import cache, ui
 from .errors import NetworkError
-from .pipconfig import IndexSettings
+from .pipconfig import IndexSettings, redact
 
 PROJECT = "vllm"
 LISTING_TTL = 600  # seconds a cached listing counts as fresh
@@ -100,19 +100,24 @@ def _parse(body: bytes, content_type: str, base_url: str, keep) -> list[Distribu
         try:
             data = json.loads(body)
             files = data["files"]
+            if not isinstance(files, list):
+                raise TypeError("files is not a list")
         except (ValueError, KeyError, TypeError):
             raise NetworkError(
-                f"the package index at {base_url} answered with a page that is not a "
+                f"the package index at {redact(base_url)} answered with a page that is not a "
                 "valid PEP 691 listing; check --index-url / PIP_INDEX_URL"
             ) from None
         for entry in files:
             if not isinstance(entry, dict) or entry.get("yanked"):
                 continue
+            hashes = entry.get("hashes")
+            sha256 = hashes.get("sha256") if isinstance(hashes, dict) else None
+            size = entry.get("size")
             dist = keep(
                 str(entry.get("filename", "")),
                 urljoin(base_url, str(entry.get("url", ""))),
-                (entry.get("hashes") or {}).get("sha256"),
-                entry.get("size"),
+                sha256 if isinstance(sha256, str) else None,
+                size if isinstance(size, int) and not isinstance(size, bool) else None,
             )
             if dist:
                 dists.append(dist)
@@ -122,7 +127,7 @@ def _parse(body: bytes, content_type: str, base_url: str, keep) -> list[Distribu
         parser.feed(page)
         if not parser.links:
             raise NetworkError(
-                f"the package index at {base_url} answered with a page that lists no "
+                f"the package index at {redact(base_url)} answered with a page that lists no "
                 "files; check --index-url / PIP_INDEX_URL"
             )
         for href, text, yanked in parser.links:
@@ -153,12 +158,12 @@ def _fetch(settings: IndexSettings) -> tuple[list[Distribution], list[Distributi
         )
     except requests.RequestException as exc:
         raise NetworkError(
-            f"cannot reach the package index {settings.url} ({type(exc).__name__}); "
+            f"cannot reach the package index {settings.shown} ({type(exc).__name__}); "
             "check the network or --index-url / PIP_INDEX_URL"
         ) from None
     if response.status_code != 200:
         raise NetworkError(
-            f"the package index {settings.url} answered HTTP {response.status_code} for "
+            f"the package index {settings.shown} answered HTTP {response.status_code} for "
             f"{PROJECT}; check --index-url / PIP_INDEX_URL"
         )
     args = (response.content, response.headers.get("Content-Type", ""), response.url or page)
@@ -185,7 +190,7 @@ def distributions(settings: IndexSettings, refresh: bool = False) -> list[Distri
         json.dumps(
             {
                 "fetched": time.time(),
-                "index": settings.url,
+                "index": settings.shown,
                 "files": [asdict(d) for d in dists],
                 "wheels": [asdict(d) for d in wheel_dists],
             },

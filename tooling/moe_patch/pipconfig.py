@@ -12,12 +12,32 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+
+def redact(url: str) -> str:
+    """``url`` as pip shows it: a password, or a user name alone (a token), becomes ``****``."""
+    try:
+        parts = urlsplit(url)
+        user, password, host, port = parts.username, parts.password, parts.hostname, parts.port
+    except ValueError:  # an unparsable port: show nothing of the credentials part
+        return url.split("@", 1)[-1] if "@" in url else url
+    if user is None and password is None:
+        return url
+    shown_user = "****" if password is None else f"{user}:****"
+    netloc = f"{shown_user}@{host or ''}" + (f":{port}" if port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 @dataclass(frozen=True)
 class IndexSettings:
     url: str
     cert: str | None = None  # CA bundle pip is configured with, if any
+
+    @property
+    def shown(self) -> str:
+        """The URL for messages, credentials masked."""
+        return redact(self.url)
 
 
 def _pip_config() -> dict[str, str]:

@@ -19,6 +19,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import gitutil, trees, ui
 from .errors import BusyError, NetworkError, StateError, UsageError
+from .pipconfig import redact
 
 DEFAULT_REMOTE = "https://github.com/vllm-project/vllm.git"
 _VERSION_ASSIGN = re.compile(
@@ -142,7 +143,7 @@ def from_git_url(version: str, into: Path, url: str, mark: Marker | None = None)
             )
         except git.GitCommandError as exc:
             raise NetworkError(
-                f"cannot clone tag {tag} from {url} ({_git_reason(exc)}); "
+                f"cannot clone tag {tag} from {redact(url)} ({_git_reason(exc)}); "
                 "check the URL and that the tag exists"
             ) from None
         gitutil.run(tmp, "checkout", "-q", "--detach", tag)

@@ -83,7 +83,7 @@ def _lookup(settings, version: str) -> index.Distribution:
     for dist in index.distributions(settings, refresh=True):
         if dist.version == version:
             return dist
-    raise UsageError(f"vLLM {version} has no source distribution on {settings.url}")
+    raise UsageError(f"vLLM {version} has no source distribution on {settings.shown}")
 
 
 def build_repo_from_archive(archive: Path, version: str, final: Path) -> None:

@@ -116,7 +116,7 @@ def official_wheel(
         where = platform or "this machine"
         others = ", ".join(sorted({w.filename.rsplit("-", 1)[-1][:-4] for w in listed}))
         raise UsageError(
-            f"vLLM {version} has no wheel for {where} on {settings.url}"
+            f"vLLM {version} has no wheel for {where} on {settings.shown}"
             + (f" (it has: {others}); pass --platform" if others else "")
         )
     directory = cache.subdir("wheels")
@@ -198,7 +198,7 @@ def _download(version, platform, platforms, settings: IndexSettings, directory, 
         dist = next((w for w in listed if w.filename == path.name), None)
         if dist is None:
             raise IntegrityError(
-                f"pip downloaded {path.name}, which the package index {settings.url} does not "
+                f"pip downloaded {path.name}, which the package index {settings.shown} does not "
                 "list for this release; nothing was kept"
             )
         if not dist.sha256:

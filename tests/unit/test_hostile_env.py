@@ -1,0 +1,115 @@
+"""Hostile environments and malformed answers: one-line errors, no traceback, no secret shown."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+from moe_patch import cache, index
+from moe_patch.cli import main
+from moe_patch.errors import NetworkError, UsageError
+from moe_patch.pipconfig import IndexSettings, redact
+
+JSON = "application/vnd.pypi.simple.v1+json"
+SECRET_BASE = "https://alice:hunter2@index.example.invalid/simple/vllm/"
+
+
+@pytest.mark.parametrize("files", [None, "vllm-1.0.0.tar.gz", {"a": 1}, 3])
+def test_a_pep691_listing_whose_files_is_not_a_list_is_an_index_error(files):
+    body = json.dumps({"meta": {"api-version": "1.1"}, "files": files}).encode()
+    with pytest.raises(NetworkError, match="not a valid PEP 691 listing") as caught:
+        index.parse_listing(body, JSON, SECRET_BASE)
+    assert "hunter2" not in caught.value.message and "alice:****@" in caught.value.message
+
+
+def test_malformed_hashes_and_sizes_leave_those_fields_unknown():
+    body = json.dumps(
+        {
+            "files": [
+                {"filename": "vllm-1.0.0.tar.gz", "url": "a", "hashes": "sha256=00", "size": "12"},
+                {
+                    "filename": "vllm-1.1.0.tar.gz",
+                    "url": "b",
+                    "hashes": {"sha256": 7},
+                    "size": True,
+                },
+                {
+                    "filename": "vllm-1.2.0.tar.gz",
+                    "url": "c",
+                    "hashes": {"sha256": "ab"},
+                    "size": 5,
+                },
+            ]
+        }
+    ).encode()
+    dists = {d.version: d for d in index.parse_listing(body, JSON, "https://i/simple/vllm/")}
+    assert (dists["1.0.0"].sha256, dists["1.0.0"].size) == (None, None)
+    assert (dists["1.1.0"].sha256, dists["1.1.0"].size) == (None, None)
+    assert (dists["1.2.0"].sha256, dists["1.2.0"].size) == ("ab", 5)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://alice:hunter2@host:8443/simple", "https://alice:****@host:8443/simple"),
+        ("https://tok3n@host/simple", "https://****@host/simple"),
+        ("https://host/simple", "https://host/simple"),
+        ("/srv/index", "/srv/index"),
+    ],
+)
+def test_credentials_are_masked_as_pip_masks_them(url, shown):
+    assert redact(url) == shown
+    assert IndexSettings(url).shown == shown
+
+
+def test_an_unreachable_index_with_a_password_never_prints_it(cache_dir, tmp_path):
+    # Port 9 (discard) on loopback: nothing listens there, the connection is refused at once.
+    result = CliRunner().invoke(
+        main,
+        [
+            "apply",
+            "--vllm",
+            "1.0.0",
+            "--into",
+            str(tmp_path / "t"),
+            "--index-url",
+            "http://alice:hunter2@127.0.0.1:9/simple",
+        ],
+    )
+    assert result.exit_code == 4, result.output
+    assert "hunter2" not in result.output and "alice:****@127.0.0.1:9" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", ""])
+def test_a_bad_lock_timeout_is_a_usage_error_not_an_import_crash(monkeypatch, value):
+    env = dict(os.environ, MOE_PATCH_LOCK_TIMEOUT=value)
+    started = subprocess.run(
+        [sys.executable, "-c", "import moe_patch.cli, moe_patch.cache"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert started.returncode == 0, started.stderr
+    monkeypatch.setenv("MOE_PATCH_LOCK_TIMEOUT", value)
+    with pytest.raises(UsageError, match="is not a number of seconds"):
+        cache.lock_timeout()
+
+
+def test_a_bad_lock_timeout_stops_a_command_with_exit_2(
+    cache_dir, fake_index, tmp_path, monkeypatch
+):
+    fake_index.add("1.0.0")
+    monkeypatch.setenv("MOE_PATCH_LOCK_TIMEOUT", "abc")
+    result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "t")])
+    assert result.exit_code == 2, result.output
+    assert "MOE_PATCH_LOCK_TIMEOUT='abc' is not a number of seconds" in result.output
+    assert "Traceback" not in result.output
+    monkeypatch.setenv("MOE_PATCH_LOCK_TIMEOUT", "12.5")
+    assert cache.lock_timeout() == 12.5
+    monkeypatch.delenv("MOE_PATCH_LOCK_TIMEOUT")
+    assert cache.lock_timeout() == cache.DEFAULT_LOCK_TIMEOUT
