@@ -23,7 +23,7 @@ def resolve_version(
             return exact
     settings = index_settings(index_url)
     releases = [d.version for d in index.distributions(settings)]
-    return versions.resolve(spec, releases, settings.url)
+    return versions.resolve(spec, releases, settings.shown)
 
 
 def apply(
