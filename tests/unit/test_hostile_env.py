@@ -13,6 +13,7 @@ from moe_patch import cache, index
 from moe_patch.cli import main
 from moe_patch.errors import NetworkError, UsageError
 from moe_patch.pipconfig import IndexSettings, redact
+from support import git
 
 JSON = "application/vnd.pypi.simple.v1+json"
 SECRET_BASE = "https://alice:hunter2@index.example.invalid/simple/vllm/"
@@ -113,3 +114,59 @@ def test_a_bad_lock_timeout_stops_a_command_with_exit_2(
     assert cache.lock_timeout() == 12.5
     monkeypatch.delenv("MOE_PATCH_LOCK_TIMEOUT")
     assert cache.lock_timeout() == cache.DEFAULT_LOCK_TIMEOUT
+
+
+def _unrelated_repo(tmp_path):
+    repo = tmp_path / "hook-repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "f").write_text("mine\n")
+    git(repo, "add", "f")
+    git(repo, "commit", "-qm", "mine")
+    git(repo, "remote", "add", "origin", "https://example.invalid/mine.git")
+    return repo
+
+
+def _state(repo):
+    return git(repo, "for-each-ref"), git(repo, "config", "--local", "--list"), git(repo, "status")
+
+
+def test_git_variables_of_a_hook_do_not_steer_moe_patch(
+    cache_dir, fake_index, series_root, tmp_path, monkeypatch
+):
+    fake_index.add("1.0.0")
+    repo = _unrelated_repo(tmp_path)
+    before = _state(repo)
+    monkeypatch.setenv("GIT_DIR", str(repo / ".git"))
+    monkeypatch.setenv("GIT_WORK_TREE", str(repo))
+    monkeypatch.setenv("GIT_INDEX_FILE", str(repo / ".git" / "index"))
+    result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "t")])
+    assert result.exit_code == 0, result.output
+    for key in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    assert _state(repo) == before  # its remote, refs, config and files are as they were
+    assert "moe-patch/v1.0.0" in git(tmp_path / "t", "branch", "--show-current")
+
+
+def test_signing_and_failing_hooks_of_the_user_do_not_fail_the_series(
+    cache_dir, fake_index, series_root, tmp_path, monkeypatch
+):
+    fake_index.add("1.0.0")
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    for name in ("pre-commit", "commit-msg", "post-checkout", "reference-transaction"):
+        (hooks / name).write_text("#!/bin/sh\nexit 1\n")
+        (hooks / name).chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text(
+        f"[core]\n\thooksPath = {hooks}\n\tautocrlf = true\n"
+        "[commit]\n\tgpgSign = true\n[tag]\n\tgpgSign = true\n[gpg]\n\tprogram = false\n"
+    )
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "t")])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    assert git(tmp_path / "t", "status", "--porcelain") == ""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from . import __version__
+from . import __version__, gitutil
 from .commands.apply import apply as apply_command
 from .commands.list import list_series
 from .errors import EXIT_CODES_HELP, EXIT_PATCH_FAILED, EXIT_STATE, MoePatchError
@@ -25,6 +25,7 @@ class _Group(click.Group):
     """Turns every :class:`MoePatchError` into one line on stderr and its exit code."""
 
     def invoke(self, ctx):
+        gitutil.isolate_process()
         try:
             return super().invoke(ctx)
         except MoePatchError as exc:

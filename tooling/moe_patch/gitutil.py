@@ -24,6 +24,49 @@ _QUIET_ENV = {
 _NO_AUTO_MAINTENANCE = (("gc.auto", "0"), ("maintenance.auto", "false"))
 
 
+# moe-patch commits patches into trees it made: the user's hooks, signing and line-ending
+# conversion must neither fail those commits nor change what they hold.
+_OWN_COMMITS = (
+    ("core.hooksPath", os.devnull),
+    ("commit.gpgSign", "false"),
+    ("tag.gpgSign", "false"),
+    ("core.autocrlf", "false"),
+    ("core.fsmonitor", "false"),
+)
+
+# Variables that point git at another repository, index or object store (git's own list,
+# ``git rev-parse --local-env-vars``, less the explicit ``-c`` / GIT_CONFIG_COUNT settings,
+# which stay and come before moe-patch's own).  A git hook or wrapper sets them; they must
+# not steer the commands moe-patch runs in the trees it names.
+_REPOSITORY_VARIABLES = (
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_CONFIG",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_IMPLICIT_WORK_TREE",
+    "GIT_GRAFT_FILE",
+    "GIT_INDEX_FILE",
+    "GIT_NO_REPLACE_OBJECTS",
+    "GIT_REPLACE_REF_BASE",
+    "GIT_PREFIX",
+    "GIT_INTERNAL_SUPER_PREFIX",
+    "GIT_SHALLOW_FILE",
+    "GIT_COMMON_DIR",
+)
+
+
+def without_repository_variables(env: dict[str, str]) -> dict[str, str]:
+    """``env`` less the variables that would make git work on another repository."""
+    return {key: value for key, value in env.items() if key not in _REPOSITORY_VARIABLES}
+
+
+def isolate_process() -> None:
+    """Drop those variables from this process too: GitPython's own git calls inherit it."""
+    for key in set(os.environ) - set(without_repository_variables(dict(os.environ))):
+        del os.environ[key]
+
+
 def _with_config(env: dict[str, str], pairs) -> dict[str, str]:
     """Add ``pairs`` through GIT_CONFIG_COUNT/KEY/VALUE, after any the caller set."""
     count = int(env.get("GIT_CONFIG_COUNT") or 0)
@@ -37,11 +80,11 @@ def _with_config(env: dict[str, str], pairs) -> dict[str, str]:
 
 def run(cwd: Path | str, *args: str, env: dict[str, str] | None = None, **kwargs) -> str:
     """``git ARGS`` in ``cwd``; raises :class:`git.GitCommandError` on failure."""
-    full_env = dict(os.environ)
+    full_env = without_repository_variables(dict(os.environ))
     full_env.update(_QUIET_ENV)
     if env:
         full_env.update(env)
-    _with_config(full_env, _NO_AUTO_MAINTENANCE)
+    _with_config(full_env, _NO_AUTO_MAINTENANCE + _OWN_COMMITS)
     return git.Git(str(cwd)).execute(["git", *args], env=full_env, **kwargs)
 
 
