@@ -170,3 +170,23 @@ def test_signing_and_failing_hooks_of_the_user_do_not_fail_the_series(
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
     assert git(tmp_path / "t", "status", "--porcelain") == ""
+
+
+def test_scratch_trees_of_killed_runs_are_removed_by_the_next_run(
+    cache_dir, fake_index, series_root, tmp_path
+):
+    fake_index.add("1.0.0")
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()  # its pid belongs to no live process now
+    dead = tmp_path / f".tmp-t-{finished.pid}-k1ll3d"
+    (dead / "vllm").mkdir(parents=True)
+    (dead / "vllm" / "big").write_bytes(b"x" * 1000)
+    live = tmp_path / f".tmp-t-{os.getpid()}-runn1ng"  # a run still at work: kept
+    live.mkdir()
+    other = tmp_path / f".tmp-other-{finished.pid}-k1ll3d"  # another --into's: not ours
+    other.mkdir()
+    result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "t")])
+    assert result.exit_code == 0, result.output
+    assert not dead.exists() and live.exists() and other.exists()
+    leftovers = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-t-"))
+    assert leftovers == [live.name]

@@ -7,6 +7,7 @@ an interrupted run never leaves a half-made tree under the name the user gave.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
@@ -80,7 +81,37 @@ def _fresh_target(into: Path) -> Path:
             f"{into} exists and is not a tree made by moe-patch; choose another --into"
         )
     into.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=into.parent, prefix=f".tmp-{into.name}-"))
+    sweep_scratch(into)
+    return Path(tempfile.mkdtemp(dir=into.parent, prefix=f".tmp-{into.name}-{os.getpid()}-"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep_scratch(into: Path) -> list[Path]:
+    """Remove the scratch trees that killed runs left beside ``into``.
+
+    A run builds its tree in ``.tmp-<into>-<pid>-XXXX`` and renames it to ``into`` at the
+    end, so a folder of that name whose process is gone is what a kill left behind (up to
+    ~120 MB each); one of a live run is kept.
+    """
+    pattern = re.compile(rf"\.tmp-{re.escape(into.name)}-(\d+)-\w+$")
+    removed = []
+    for path in into.parent.iterdir():
+        found = pattern.match(path.name)
+        if not found or path.is_symlink() or not path.is_dir():
+            continue
+        if not _alive(int(found.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def _move_into_place(tmp: Path, into: Path) -> None:
