@@ -190,3 +190,18 @@ def test_scratch_trees_of_killed_runs_are_removed_by_the_next_run(
     assert not dead.exists() and live.exists() and other.exists()
     leftovers = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-t-"))
     assert leftovers == [live.name]
+
+
+def test_a_symlink_as_into_is_bad_input_not_another_run(
+    cache_dir, fake_index, series_root, tmp_path
+):
+    fake_index.add("1.0.0")
+    target = tmp_path / "real"
+    target.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(link)])
+    assert result.exit_code == 2, result.output
+    assert "is a symbolic link" in result.output and "another moe-patch run" not in result.output
+    assert link.is_symlink() and list(target.iterdir()) == []
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]

@@ -76,6 +76,11 @@ Marker = Callable[[Path], None]
 
 
 def _fresh_target(into: Path) -> Path:
+    if into.is_symlink():
+        raise UsageError(
+            f"--into {into} is a symbolic link (to {into.resolve()}); "
+            "give the real path, or another --into"
+        )
     if into.exists() and any(into.iterdir()):
         raise UsageError(
             f"{into} exists and is not a tree made by moe-patch; choose another --into"
