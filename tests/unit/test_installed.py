@@ -91,6 +91,16 @@ def test_file_changed_by_someone_else_is_refused(site):
     assert tree_digest(site) == before
 
 
+def test_a_record_that_is_not_utf8_is_refused_in_one_line(site):
+    record = site / "vllm-1.0.0.dist-info/RECORD"
+    record.write_bytes(record.read_bytes() + b"vllm/caf\xe9.py,,\n")
+    before = tree_digest(site)
+    result = CliRunner().invoke(main, ["apply", "--installed", "--target", str(site)])
+    assert result.exit_code == 7, result.output
+    assert "the RECORD of the installed vLLM is not UTF-8" in result.stderr
+    assert "Traceback" not in result.output and tree_digest(site) == before
+
+
 def test_version_mismatch_is_refused(site):
     before = tree_digest(site)
     result = run("apply", "--installed", "--target", str(site), "--vllm", "1.1")

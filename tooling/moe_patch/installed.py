@@ -130,7 +130,14 @@ def _read(path: Path, what: str) -> bytes:
 
 def _record_rows(install: Install) -> tuple[list[str], dict[str, RecordEntry]]:
     """RECORD's lines (kept verbatim) and its entries by path."""
-    text = _read(install.dist_info / "RECORD", "the RECORD of the installed vLLM").decode("utf-8")
+    data = _read(install.dist_info / "RECORD", "the RECORD of the installed vLLM")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StateError(
+            f"the RECORD of the installed vLLM is not UTF-8 (byte {exc.start}); reinstall vllm "
+            "(pip install --force-reinstall --no-deps vllm==VERSION), then apply"
+        ) from None
     lines = text.splitlines()
     entries = {}
     try:
