@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -205,3 +208,17 @@ def test_a_symlink_as_into_is_bad_input_not_another_run(
     assert "is a symbolic link" in result.output and "another moe-patch run" not in result.output
     assert link.is_symlink() and list(target.iterdir()) == []
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_into_on_another_filesystem_than_the_cache(cache_dir, fake_index, series_root, tmp_path):
+    other = Path("/dev/shm")
+    if not other.is_dir() or other.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on a filesystem other than the test's temporary folder")
+    fake_index.add("1.0.0")
+    into = Path(tempfile.mkdtemp(dir=other, prefix="moe-patch-test-")) / "t"
+    try:
+        result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(into)])
+        assert result.exit_code == 0, result.output
+        assert "moe-patch/v1.0.0" in git(into, "branch", "--show-current")
+    finally:
+        shutil.rmtree(into.parent, ignore_errors=True)

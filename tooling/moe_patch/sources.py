@@ -137,7 +137,9 @@ def from_cache(
     tmp = _fresh_target(into)  # refuse a foreign --into before downloading anything
     try:
         repo = trees.release_repo(version, index_url)
-        gitutil.run(tmp.parent, "clone", "-q", "--local", "--no-checkout", str(repo), str(tmp))
+        # A path source is cloned locally anyway (hard links where they can be made); an
+        # explicit --local would make git fail instead of copying across filesystems.
+        gitutil.run(tmp.parent, "clone", "-q", "--no-checkout", str(repo), str(tmp))
         gitutil.run(tmp, "remote", "remove", "origin")
         # Writing ~5000 files dominates a warm apply: let git use every core.
         gitutil.run(
