@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import git as git_module
 import pytest
 from click.testing import CliRunner
 from moe_patch import cache, index
@@ -222,3 +223,67 @@ def test_into_on_another_filesystem_than_the_cache(cache_dir, fake_index, series
         assert "moe-patch/v1.0.0" in git(into, "branch", "--show-current")
     finally:
         shutil.rmtree(into.parent, ignore_errors=True)
+
+
+def _failing_git(stderr):
+    def run(*args, **kwargs):
+        raise git_module.GitCommandError(["git", "checkout", "-q"], 128, stderr.encode())
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("stderr", "code", "words"),
+    [
+        (
+            "error: unable to write file vllm/x.py: No space left on device\nfatal: cannot",
+            7,
+            "git checkout could not write (fatal: cannot); free space or fix permissions",
+        ),
+        (
+            "fatal: unable to read tree 0123abcd",
+            1,
+            "git checkout failed (fatal: unable to read tree 0123abcd); please report it",
+        ),
+    ],
+)
+def test_a_git_failure_is_one_line_with_a_documented_code(
+    cache_dir, fake_index, series_root, tmp_path, monkeypatch, stderr, code, words
+):
+    fake_index.add("1.0.0")
+    from moe_patch import sources
+
+    real = sources.gitutil.run
+
+    def run(cwd, *args, **kwargs):
+        if "checkout" in args:
+            _failing_git(stderr)()
+        return real(cwd, *args, **kwargs)
+
+    monkeypatch.setattr(sources.gitutil, "run", run)
+    result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "t")])
+    assert result.exit_code == code, result.output
+    assert words in result.stderr and "Traceback" not in result.output
+    assert [line for line in result.stderr.splitlines() if "error" in line] == [
+        line for line in result.stderr.splitlines() if line.startswith("moe-patch: error: git")
+    ]
+    assert not (tmp_path / "t").exists()
+
+
+def test_an_unexpected_exception_is_one_line_exit_1_unless_debugging(
+    cache_dir, fake_index, series_root, tmp_path, monkeypatch
+):
+    fake_index.add("1.0.0")
+    from moe_patch.commands import apply as apply_module
+
+    def broken(*args, **kwargs):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(apply_module, "resolve_version", broken)
+    args = ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "t")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1
+    assert "moe-patch: internal error: KeyError: 'boom'; please report it" in result.stderr
+    assert "Traceback" not in result.output
+    monkeypatch.setenv("MOE_PATCH_DEBUG", "1")
+    assert isinstance(CliRunner().invoke(main, args).exception, KeyError)

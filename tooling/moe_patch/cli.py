@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 from pathlib import Path
 
 import click
+import git
 
 from . import __version__, gitutil
 from .commands.apply import apply as apply_command
 from .commands.list import list_series
-from .errors import EXIT_CODES_HELP, EXIT_PATCH_FAILED, EXIT_STATE, MoePatchError
+from .errors import (
+    EXIT_CODES_HELP,
+    EXIT_INTERNAL,
+    EXIT_PATCH_FAILED,
+    EXIT_STATE,
+    MoePatchError,
+)
 from .maintainer_cli import register as _register_maintainer_commands
 from .packaging_cli import installed_flag, target_option
 from .packaging_cli import register as _register_packaging_commands
@@ -40,9 +49,43 @@ class _Group(click.Group):
                 fg="red",
             )
             sys.exit(EXIT_STATE)
+        except git.GitCommandError as exc:
+            click.secho(f"moe-patch: error: {_git_failure(exc)}", err=True, fg="red")
+            sys.exit(EXIT_STATE if _LOCAL_IO.search(str(exc.stderr)) else EXIT_INTERNAL)
         except KeyboardInterrupt:
             click.secho("moe-patch: interrupted; run the same command again to finish", err=True)
             sys.exit(130)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a bug: one line, the traceback only on request
+            if os.environ.get("MOE_PATCH_DEBUG"):
+                raise
+            click.secho(
+                f"moe-patch: internal error: {type(exc).__name__}: {exc}; please report it with "
+                "the command you ran (MOE_PATCH_DEBUG=1 shows the traceback)",
+                err=True,
+                fg="red",
+            )
+            sys.exit(EXIT_INTERNAL)
+
+
+# git's words for a local write or read that failed: the same advice as an OSError.
+_LOCAL_IO = re.compile(
+    r"No space left on device|Disk quota exceeded|Read-only file system|Permission denied"
+)
+
+
+def _git_failure(exc: git.GitCommandError) -> str:
+    """One line for a git command that failed: which command and git's last words."""
+    words = [line.strip() for line in str(exc.stderr or "").splitlines() if line.strip()]
+    last = words[-1].removeprefix("stderr: ").strip("'") if words else f"exit {exc.status}"
+    verb = exc.command[1] if isinstance(exc.command, list) and len(exc.command) > 1 else "git"
+    if _LOCAL_IO.search(str(exc.stderr)):
+        return (
+            f"git {verb} could not write ({last}); free space or fix permissions, "
+            "then run the same command again"
+        )
+    return f"git {verb} failed ({last}); please report it with the command you ran"
 
 
 @click.group(cls=_Group, context_settings=CONTEXT, epilog=EXIT_CODES_HELP)

@@ -9,6 +9,7 @@ exits with the error's code.  Exit codes are part of the interface (see
 from __future__ import annotations
 
 EXIT_OK = 0
+EXIT_INTERNAL = 1  # a bug in moe-patch: one line (MOE_PATCH_DEBUG=1 shows the traceback)
 EXIT_USAGE = 2  # bad input: unknown version, bad option, bad source tree
 EXIT_PATCH_FAILED = 3  # a patch did not apply; the tree is at the last good commit
 EXIT_NETWORK = 4  # the package index could not be read or a download failed
@@ -24,6 +25,7 @@ EXIT_CODES_HELP = """\
 \b
 Exit codes:
   0  success (patches applied or already present)
+  1  internal error: a bug in moe-patch (please report it; MOE_PATCH_DEBUG=1 shows more)
   2  bad input (unknown version, option, or source tree)
   3  a patch failed to apply (the tree is left at the last good commit)
   4  the package index or a download could not be reached
