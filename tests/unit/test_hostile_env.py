@@ -287,3 +287,29 @@ def test_an_unexpected_exception_is_one_line_exit_1_unless_debugging(
     assert "Traceback" not in result.output
     monkeypatch.setenv("MOE_PATCH_DEBUG", "1")
     assert isinstance(CliRunner().invoke(main, args).exception, KeyError)
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate", "flip"])
+def test_a_damaged_cached_release_is_rebuilt(cache_dir, fake_index, series_root, tmp_path, damage):
+    fake_index.add("1.0.0")
+    first = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "a")])
+    assert first.exit_code == 0, first.output
+    packs = list((cache_dir / "trees" / "v1.0.0.git" / "objects" / "pack").glob("*.pack"))
+    assert packs
+    for pack in packs:
+        data = bytearray(pack.read_bytes())
+        if damage == "delete":
+            pack.unlink()
+            continue
+        pack.chmod(0o644)
+        if damage == "truncate":
+            pack.write_bytes(bytes(data[: len(data) // 2]))
+        else:
+            data[len(data) // 2] ^= 0xFF
+            pack.write_bytes(bytes(data))
+    result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    assert "repository was damaged" in result.stderr and "building it again" in result.stderr
+    assert git(tmp_path / "a", "rev-parse", "HEAD") == git(tmp_path / "b", "rev-parse", "HEAD")
+    again = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "c")])
+    assert again.exit_code == 0 and "damaged" not in again.stderr

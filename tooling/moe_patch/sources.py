@@ -136,23 +136,14 @@ def from_cache(
 ) -> WorkTree:
     tmp = _fresh_target(into)  # refuse a foreign --into before downloading anything
     try:
-        repo = trees.release_repo(version, index_url)
-        # A path source is cloned locally anyway (hard links where they can be made); an
-        # explicit --local would make git fail instead of copying across filesystems.
-        gitutil.run(tmp.parent, "clone", "-q", "--no-checkout", str(repo), str(tmp))
-        gitutil.run(tmp, "remote", "remove", "origin")
-        # Writing ~5000 files dominates a warm apply: let git use every core.
-        gitutil.run(
-            tmp,
-            "-c",
-            "checkout.workers=0",
-            "-c",
-            "checkout.thresholdForParallelism=1",
-            "checkout",
-            "-q",
-            "--detach",
-            trees.release_tag(version),
-        )
+        try:
+            _clone_release(trees.release_repo(version, index_url), tmp, version)
+        except git.GitCommandError:
+            if not trees.discard_if_damaged(version):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            _clone_release(trees.release_repo(version, index_url), tmp, version)
         base = gitutil.run(tmp, "rev-parse", "HEAD")
         if mark:
             mark(tmp)
@@ -160,6 +151,25 @@ def from_cache(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return WorkTree(into, base, created=True)
+
+
+def _clone_release(repo: Path, tmp: Path, version: str) -> None:
+    # A path source is cloned locally anyway (hard links where they can be made); an
+    # explicit --local would make git fail instead of copying across filesystems.
+    gitutil.run(tmp.parent, "clone", "-q", "--no-checkout", str(repo), str(tmp))
+    gitutil.run(tmp, "remote", "remove", "origin")
+    # Writing ~5000 files dominates a warm apply: let git use every core.
+    gitutil.run(
+        tmp,
+        "-c",
+        "checkout.workers=0",
+        "-c",
+        "checkout.thresholdForParallelism=1",
+        "checkout",
+        "-q",
+        "--detach",
+        trees.release_tag(version),
+    )
 
 
 def from_git_url(version: str, into: Path, url: str, mark: Marker | None = None) -> WorkTree:

@@ -15,6 +15,8 @@ import tempfile
 import zlib
 from pathlib import Path, PurePosixPath
 
+import git
+
 from . import cache, download, gitutil, index, ui
 from .errors import IntegrityError, UsageError
 from .pipconfig import index_settings
@@ -29,6 +31,29 @@ def release_tag(version: str) -> str:
 def cached_repo(version: str) -> Path | None:
     path = cache.root() / "trees" / f"{release_tag(version)}.git"
     return path if path.is_dir() else None
+
+
+def discard_if_damaged(version: str) -> bool:
+    """Remove the cached repository of ``version`` if ``git fsck`` finds it damaged (a pack
+    deleted, truncated or changed on disk); the next ``release_repo`` builds it again.
+    Called after a git command on it failed, so a sound cache costs nothing."""
+    repo = cached_repo(version)
+    if repo is None:
+        return False
+    try:
+        gitutil.run(repo, "fsck", "--no-progress", "--no-dangling")
+        gitutil.run(repo, "rev-parse", "--verify", "-q", f"{release_tag(version)}^{{tree}}")
+        return False
+    except git.GitCommandError as exc:
+        words = [w for w in str(exc.stderr or "").splitlines() if w.strip()]
+        why = words[-1].strip().removeprefix("stderr: ").strip("'") if words else "fsck failed"
+    with cache.locked(f"vllm-{version}"):
+        if repo.is_dir():
+            doomed = Path(tempfile.mkdtemp(dir=repo.parent, prefix=f".tmp-{repo.name}-"))
+            repo.rename(doomed / repo.name)  # gone from its name at once, then deleted
+            shutil.rmtree(doomed, ignore_errors=True)
+    ui.warn(f"the cached vLLM {version} repository was damaged ({why}); building it again")
+    return True
 
 
 def release_repo(version: str, index_url: str | None = None) -> Path:
