@@ -31,7 +31,8 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 class _Group(click.Group):
-    """Turns every :class:`MoePatchError` into one line on stderr and its exit code."""
+    """The one error policy: every failure is one line on stderr and a documented exit code
+    (a :class:`MoePatchError`'s own, 7 for a local write, 1 for a bug), never a traceback."""
 
     def invoke(self, ctx):
         gitutil.isolate_process()

@@ -63,8 +63,8 @@ def without_repository_variables(env: dict[str, str]) -> dict[str, str]:
 
 def isolate_process() -> None:
     """Drop those variables from this process too: GitPython's own git calls inherit it."""
-    for key in set(os.environ) - set(without_repository_variables(dict(os.environ))):
-        del os.environ[key]
+    for key in _REPOSITORY_VARIABLES:
+        os.environ.pop(key, None)
 
 
 def _with_config(env: dict[str, str], pairs) -> dict[str, str]:
