@@ -84,6 +84,7 @@ class FakeIndex:
     url: str = ""
     archives: dict[str, bytes] = field(default_factory=dict)
     listed_hash: dict[str, str] = field(default_factory=dict)  # filename -> hash to list
+    listed_size: dict[str, int] = field(default_factory=dict)  # filename -> size to list
     mode: str = "ok"  # ok | garbage | error | html | truncate
     delay: float = 0.0  # seconds between 256-byte chunks of a file (slow downloads)
     requests: list[str] = field(default_factory=list)
@@ -97,9 +98,10 @@ class FakeIndex:
         files = []
         for name, data in sorted(self.archives.items()):
             digest = self.listed_hash.get(name, hashlib.sha256(data).hexdigest())
-            files.append(
-                {"filename": name, "url": f"../../files/{name}", "hashes": {"sha256": digest}}
-            )
+            entry = {"filename": name, "url": f"../../files/{name}", "hashes": {"sha256": digest}}
+            if name in self.listed_size:
+                entry["size"] = self.listed_size[name]
+            files.append(entry)
         return json.dumps({"meta": {"api-version": "1.1"}, "name": "vllm", "files": files}).encode()
 
 

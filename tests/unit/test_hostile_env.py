@@ -17,7 +17,7 @@ from moe_patch import cache, index
 from moe_patch.cli import main
 from moe_patch.errors import NetworkError, UsageError
 from moe_patch.pipconfig import IndexSettings, redact
-from support import git
+from support import git, make_sdist, release_files
 
 JSON = "application/vnd.pypi.simple.v1+json"
 SECRET_BASE = "https://alice:hunter2@index.example.invalid/simple/vllm/"
@@ -313,3 +313,51 @@ def test_a_damaged_cached_release_is_rebuilt(cache_dir, fake_index, series_root,
     assert git(tmp_path / "a", "rev-parse", "HEAD") == git(tmp_path / "b", "rev-parse", "HEAD")
     again = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "c")])
     assert again.exit_code == 0 and "damaged" not in again.stderr
+
+
+def _sdists(cache_dir):
+    folder = cache_dir / "sdist"
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def test_a_download_larger_than_the_listed_size_is_stopped(
+    cache_dir, fake_index, series_root, tmp_path
+):
+    fake_index.add("1.0.0")
+    fake_index.listed_size["vllm-1.0.0.tar.gz"] = 100  # the real archive is larger
+    result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "t")])
+    assert result.exit_code == 5, result.output
+    assert "sends more than the 100 bytes the index lists for vllm-1.0.0.tar.gz" in result.stderr
+    assert _sdists(cache_dir) == [] and not (tmp_path / "t").exists()
+
+
+def test_a_trickling_download_meets_its_deadline(
+    cache_dir, fake_index, series_root, tmp_path, monkeypatch
+):
+    noise = os.urandom(2048).hex()  # incompressible: the archive takes many trickled chunks
+    fake_index.add("1.0.0", make_sdist("1.0.0", {**release_files("1.0.0"), "noise.txt": noise}))
+    assert len(fake_index.archives["vllm-1.0.0.tar.gz"]) > 8 * 256
+    fake_index.delay = 0.1  # 256 bytes every 100 ms
+    monkeypatch.setenv("MOE_PATCH_DOWNLOAD_DEADLINE", "0.3")
+    result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "t")])
+    assert result.exit_code == 4, result.output
+    assert "took longer than 0.3 s (MOE_PATCH_DOWNLOAD_DEADLINE)" in result.stderr
+    assert _sdists(cache_dir) == []
+
+
+@pytest.mark.parametrize(
+    ("limit", "deadline", "words"),
+    [
+        (100, 120.0, "sends a vllm listing larger than 0 MiB"),
+        (64 << 20, -1.0, "took longer than -1 s to send the vllm listing"),
+    ],
+)
+def test_an_oversized_or_endless_listing_is_an_index_error(
+    cache_dir, fake_index, tmp_path, monkeypatch, limit, deadline, words
+):
+    fake_index.add("1.0.0")
+    monkeypatch.setattr(index, "LISTING_LIMIT", limit)
+    monkeypatch.setattr(index, "LISTING_DEADLINE", deadline)
+    result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "t")])
+    assert result.exit_code == 4, result.output
+    assert words in result.stderr and "Traceback" not in result.output

@@ -31,21 +31,26 @@ from .errors import BusyError, UsageError
 DEFAULT_LOCK_TIMEOUT = 900.0  # seconds; MOE_PATCH_LOCK_TIMEOUT overrides it
 
 
-def lock_timeout() -> float:
-    """How long to wait for another run's lock: ``MOE_PATCH_LOCK_TIMEOUT`` seconds, else 900."""
-    value = os.environ.get("MOE_PATCH_LOCK_TIMEOUT")
+def seconds_from_env(name: str, default: float) -> float:
+    """A duration from the environment variable ``name`` (seconds), else ``default``."""
+    value = os.environ.get(name)
     if value is None:
-        return DEFAULT_LOCK_TIMEOUT
+        return default
     try:
         seconds = float(value)
     except ValueError:
         seconds = float("nan")
     if not seconds >= 0 or seconds == float("inf"):
         raise UsageError(
-            f"MOE_PATCH_LOCK_TIMEOUT={value!r} is not a number of seconds; "
-            "set it to one (e.g. 900) or unset it"
+            f"{name}={value!r} is not a number of seconds; "
+            f"set it to one (e.g. {default:.0f}) or unset it"
         )
     return seconds
+
+
+def lock_timeout() -> float:
+    """How long to wait for another run's lock: ``MOE_PATCH_LOCK_TIMEOUT`` seconds, else 900."""
+    return seconds_from_env("MOE_PATCH_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT)
 
 
 def root() -> Path:

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import requests
@@ -15,7 +16,16 @@ from .errors import IntegrityError, NetworkError
 from .index import Distribution
 from .pipconfig import IndexSettings
 
-CHUNK = 1 << 20
+DEFAULT_DEADLINE = 1800.0  # seconds for one download; MOE_PATCH_DOWNLOAD_DEADLINE overrides it
+
+
+def _check_size(dist: Distribution, size: int) -> None:
+    """The index lists the file's size: a server that sends more is not sending that file."""
+    if dist.size and size > dist.size:
+        raise IntegrityError(
+            f"the server sends more than the {dist.size} bytes the index lists for "
+            f"{dist.filename}; the download was stopped and discarded: report it if it persists"
+        )
 
 
 def fetch_sdist(dist: Distribution, settings: IndexSettings) -> Path:
@@ -30,6 +40,7 @@ def fetch_sdist(dist: Distribution, settings: IndexSettings) -> Path:
             f"the package index lists {dist.filename} without a sha256 hash; "
             "moe-patch only installs verified archives: use an index that publishes hashes"
         )
+    deadline = cache.seconds_from_env("MOE_PATCH_DOWNLOAD_DEADLINE", DEFAULT_DEADLINE)
     directory = cache.subdir("sdist")
     final = directory / dist.filename
     if final.exists():
@@ -52,8 +63,18 @@ def fetch_sdist(dist: Distribution, settings: IndexSettings) -> Path:
                         f"{response.status_code}; retry, or check --index-url"
                     )
                 total = int(response.headers.get("Content-Length") or dist.size or 0)
+                _check_size(dist, total)
+                written, started = 0, time.monotonic()
                 with ui.progress(total or None, f"downloading {dist.filename}") as advance:
-                    for chunk in response.iter_content(CHUNK):
+                    for chunk in response.iter_content(None):  # as it arrives
+                        written += len(chunk)
+                        _check_size(dist, written)
+                        if time.monotonic() - started > deadline:
+                            raise NetworkError(
+                                f"download of {dist.filename} took longer than {deadline:g} s "
+                                "(MOE_PATCH_DOWNLOAD_DEADLINE); nothing partial was kept: run "
+                                "the command again, or allow more time"
+                            )
                         out.write(chunk)
                         digest.update(chunk)
                         advance(len(chunk))

@@ -31,6 +31,8 @@ from .pipconfig import IndexSettings, redact
 PROJECT = "vllm"
 LISTING_TTL = 600  # seconds a cached listing counts as fresh
 TIMEOUT = 30  # seconds for one HTTP request to the index
+LISTING_LIMIT = 64 << 20  # bytes: PyPI's vllm listing is a few MB
+LISTING_DEADLINE = 120.0  # seconds for the whole listing, however slowly it trickles in
 _JSON_ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
 
 
@@ -150,24 +152,47 @@ def _fetch(settings: IndexSettings) -> tuple[list[Distribution], list[Distributi
     """The sdists and the wheels the index lists for the project."""
     page = f"{settings.url}/{PROJECT}/"
     try:
-        response = requests.get(
+        with requests.get(
             page,
             headers={"Accept": _JSON_ACCEPT},
             timeout=TIMEOUT,
             verify=settings.cert or True,
-        )
+            stream=True,
+        ) as response:
+            if response.status_code != 200:
+                raise NetworkError(
+                    f"the package index {settings.shown} answered HTTP {response.status_code} "
+                    f"for {PROJECT}; check --index-url / PIP_INDEX_URL"
+                )
+            body = _bounded_body(response, settings)
     except requests.RequestException as exc:
         raise NetworkError(
             f"cannot reach the package index {settings.shown} ({type(exc).__name__}); "
             "check the network or --index-url / PIP_INDEX_URL"
         ) from None
-    if response.status_code != 200:
-        raise NetworkError(
-            f"the package index {settings.shown} answered HTTP {response.status_code} for "
-            f"{PROJECT}; check --index-url / PIP_INDEX_URL"
-        )
-    args = (response.content, response.headers.get("Content-Type", ""), response.url or page)
+    args = (body, response.headers.get("Content-Type", ""), response.url or page)
     return parse_listing(*args), parse_wheel_listing(*args)
+
+
+def _bounded_body(response, settings: IndexSettings) -> bytes:
+    """The listing, read within LISTING_LIMIT bytes and LISTING_DEADLINE seconds."""
+    declared = int(response.headers.get("Content-Length") or 0)
+    body, started = bytearray(), time.monotonic()
+    for chunk in [] if declared > LISTING_LIMIT else response.iter_content(None):
+        body += chunk
+        if len(body) > LISTING_LIMIT:
+            break
+        if time.monotonic() - started > LISTING_DEADLINE:
+            raise NetworkError(
+                f"the package index {settings.shown} took longer than {LISTING_DEADLINE:g} s "
+                f"to send the {PROJECT} listing; try again, or check --index-url"
+            )
+    if declared > LISTING_LIMIT or len(body) > LISTING_LIMIT:
+        raise NetworkError(
+            f"the package index {settings.shown} sends a {PROJECT} listing larger than "
+            f"{LISTING_LIMIT >> 20} MiB; check --index-url / PIP_INDEX_URL"
+        )
+    return bytes(body)
 
 
 def distributions(settings: IndexSettings, refresh: bool = False) -> list[Distribution]:
