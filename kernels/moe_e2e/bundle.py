@@ -224,8 +224,8 @@ def write_payload(
             add_bytes(tar, f"deps/{wheel.name}", wheel.read_bytes())
         for model in BENCH_MODELS:
             for kind in models.FP8_KINDS:
-                text = json.dumps(models.model_config(model, kind), indent=2, sort_keys=True)
-                add_bytes(tar, f"models/{model}-{kind}/config.json", text.encode() + b"\n")
+                text = models.config_json(model, kind)
+                add_bytes(tar, f"models/{model}-{kind}/config.json", text.encode())
 
 
 def split(path: Path, out: Path, part_bytes: int) -> list[dict]:

@@ -198,10 +198,14 @@ def model_config(model: str, kind: str) -> dict:
     return config
 
 
+def config_json(model: str, kind: str) -> str:
+    """The text of ``model``'s config.json in FP8 ``kind`` (stable key order)."""
+    return json.dumps(model_config(model, kind), indent=2, sort_keys=True) + "\n"
+
+
 def write_model(root: Path, model: str, kind: str) -> Path:
     """Write ``root/<model>-<kind>/config.json`` and return the directory."""
     directory = Path(root) / f"{model}-{kind}"
     directory.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(model_config(model, kind), indent=2, sort_keys=True) + "\n"
-    (directory / "config.json").write_text(text)
+    (directory / "config.json").write_text(config_json(model, kind))
     return directory

@@ -202,8 +202,8 @@ def variants(
     return out
 
 
-def environment(staged: dict) -> dict:
-    env = {"python": platform.python_version(), "host": "H200 machine"}
+def environment() -> dict:
+    env = {"python": platform.python_version()}
     try:
         smi = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         "series_version": staged["series_version"],
         "official_wheel": staged["official_wheel"],
         "patched_wheel": staged["patched_wheel"],
-        "environment": environment(staged),
+        "environment": environment(),
         "spec": spec,
         "model": args.model,
         "model_config": models.MODELS[args.model],
