@@ -10,6 +10,9 @@ streaming every token:
 * ``startup_s``: from the process's start (``MOE_E2E_LAUNCHED``, set by run) until the engine
   accepts requests: imports, dummy weights, torch.compile, Triton JIT and CUDA-graph capture;
 * ``first_ttft_s``: the first request on the new engine (512-token prompt);
+* ``prefill``: per prompt length, the TTFT of one request alone on the engine (the prefill's
+  speed), after one unmeasured request of that length (``first_ms``: where a new token count
+  meets a kernel not yet compiled, it shows there);
 * ``decode``: per batch size B, B requests of 128 prompt tokens sent together, time per output
   token of each request from its 5th token to its last, median over requests, per repeat;
 * ``throughput``: a fixed mix of prompt/output lengths sent at once, output tokens per second;
@@ -106,6 +109,20 @@ async def measure(client: Client, spec: dict) -> dict:
     first = await client.request(512, 2)
     out["first_ttft_s"] = first["arrivals"][0][0] - first["submitted"]
     out["triton_kernels"]["first_request"] = triton_kernels()
+
+    prefill = {}
+    for length in spec.get("prefill_lens", []):
+        ttfts = []
+        for _ in range(spec["repeats"] + 1):
+            result = await client.request(length, 1)
+            ttfts.append((result["arrivals"][0][0] - result["submitted"]) * 1e3)
+        prefill[str(length)] = {
+            "first_ms": ttfts[0],
+            "ttft_ms": ttfts[1:],
+            "median_ms": statistics.median(ttfts[1:]),
+        }
+    out["prefill"] = prefill
+    out["triton_kernels"]["prefill"] = triton_kernels()
 
     decode = {}
     for batch in spec["decode_batches"]:
@@ -223,6 +240,7 @@ async def main_async(spec: dict) -> dict:
         quantization=spec.get("quantization"),
         max_model_len=spec["max_model_len"],
         max_num_seqs=spec.get("max_num_seqs"),
+        tensor_parallel_size=spec.get("tensor_parallel_size", 1),
         gpu_memory_utilization=spec["gpu_memory_utilization"],
         seed=spec["seed"],
         moe_backend=spec.get("moe_backend") or "auto",

@@ -25,15 +25,31 @@ def _fmt(value, digits=1) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def _median(values) -> float:
-    return statistics.median(list(values))
+def _median(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _placement(report: dict) -> str:
+    slots = report["spec"].get("gpu_slots") or [None]
+    if len(slots) < 2:
+        return ""
+    return (
+        f"; variants ran {len(slots)} at a time, one per GPU slot "
+        f"({', '.join(slots)}), each kind's wheels side by side and swapping slots"
+    )
 
 
 def _spread(metric, official: list[dict], patched: list[dict]) -> str:
     """With several engines of each wheel: the range of the ratio over engine pairs."""
     if len(official) < 2 and len(patched) < 2:
         return ""
-    ratios = [metric(p) / metric(o) for o in official for p in patched if metric(o)]
+    ratios = [
+        metric(p) / metric(o)
+        for o in official
+        for p in patched
+        if metric(o) and metric(p) is not None
+    ]
     return f" ({min(ratios):.3f}–{max(ratios):.3f})" if ratios else ""
 
 
@@ -58,12 +74,16 @@ def markdown(report: dict) -> str:
         f"`{report['patched_wheel']['sha256']}`; series {report['series_version']}",
         f"- model: {report['model']} (dummy weights), max_num_seqs "
         f"{report['spec']['max_num_seqs'] or 'vLLM default'}, max_model_len "
-        f"{report['spec']['max_model_len']}; each variant a fresh process with empty caches",
+        f"{report['spec']['max_model_len']}, tensor parallel "
+        f"{report['spec'].get('tensor_parallel_size', 1)}; each variant a fresh process with "
+        "empty caches" + _placement(report),
         "",
     ]
     batches = [str(b) for b in report["spec"]["decode_batches"]]
+    prompts = [str(n) for n in report["spec"].get("prefill_lens", [])]
     header = (
         ["variant", "MoE backend", "start-up s", "first TTFT ms"]
+        + [f"prefill {n} ms" for n in prompts]
         + [f"TPOT B={b} ms" for b in batches]
         + ["output tok/s", "trace TTFT p50 ms", "p99 ms", "kernels compiled in trace"]
     )
@@ -81,6 +101,10 @@ def markdown(report: dict) -> str:
             d = r["decode"][b]
             spread = (max(d["tpot_ms"]) - min(d["tpot_ms"])) / 2
             tpot.append(f"{d['median_ms']:.2f} ±{spread:.2f}")
+        prefill = [
+            _fmt(r["prefill"][n]["median_ms"], 1) if n in r.get("prefill", {}) else "–"
+            for n in prompts
+        ]
         lines.append(
             "| "
             + " | ".join(
@@ -89,6 +113,7 @@ def markdown(report: dict) -> str:
                     v.get("moe_backend") or "–",
                     _fmt(r["startup_s"]),
                     _fmt(r["first_ttft_s"] * 1e3, 0),
+                    *prefill,
                     *tpot,
                     _fmt(r["throughput"]["output_tokens_per_s"], 0),
                     _fmt(r["trace"]["ttft_p50_ms"], 0),
@@ -109,10 +134,12 @@ def markdown(report: dict) -> str:
             pairs.setdefault(v["kind"], {}).setdefault(v["wheel"], []).append(v["result"])
     header = (
         ["FP8 kind", "engines", "start-up"]
+        + [f"prefill {n}" for n in prompts]
         + [f"TPOT B={b}" for b in batches]
         + ["throughput (>1 faster)", "trace TTFT p50", "p99", "first TTFT"]
     )
     metrics = [lambda r: r["startup_s"]]
+    metrics += [lambda r, n=n: r.get("prefill", {}).get(n, {}).get("median_ms") for n in prompts]
     metrics += [lambda r, b=b: r["decode"][b]["median_ms"] for b in batches]
     metrics += [
         lambda r: r["throughput"]["output_tokens_per_s"],

@@ -3,6 +3,7 @@
     python -m moe_e2e.run --staged ~/moe-e2e --model qwen3-30b-a3b --out results/e2e \
         [--kinds fp8-static,compressed-tensors,fp8-dynamic,fp8-block] [--wheels official,patched]
         [--head-to-head patched:fp8-static:cutlass ...] [--max-num-seqs 64] [--repeats 3]
+        [--gpus 0,1] [--tensor-parallel-size 2]
 
 For each FP8 kind the wheels run one after the other (the order alternates from kind to kind),
 then the head-to-head variants (``WHEEL:KIND:BACKEND``: ``--moe-backend BACKEND``, or
@@ -10,6 +11,11 @@ then the head-to-head variants (``WHEEL:KIND:BACKEND``: ``--moe-backend BACKEND`
 Triton / Inductor / vLLM caches, and its whole log kept; the MoE backend it chose is read from
 the engine's own "Using ... Fp8 MoE backend" line.  ``<out>.json`` is rewritten after every
 variant, so a run cut short keeps what it measured; ``<out>.md`` is the report.
+
+``--gpus`` splits the listed GPUs into slots of ``--tensor-parallel-size`` GPUs; consecutive
+variants start together, one per slot, and the next group starts when all of them are done.  On
+two GPUs a kind's two wheels run side by side, on the other GPU at the next kind and round, so a
+difference between the GPUs shows up as spread, not as a bias for one wheel.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import models
@@ -43,6 +50,7 @@ DEFAULT_SPEC = {
     "max_model_len": 4096,
     "gpu_memory_utilization": 0.85,
     "seed": 0,
+    "prefill_lens": [256, 1024, 4000],
     "decode_batches": [1, 4, 16, 64],
     "decode_tokens": 64,
     "repeats": 3,
@@ -84,10 +92,25 @@ def parse_log(text: str) -> dict:
     return facts
 
 
-def variant_env(staged: dict, wheel: str, caches: Path, fp8_env: str | None) -> dict:
+# NVLink multicast can take a shared host's GPUs out of service: NCCL, PyTorch and NVSHMEM keep
+# it off, and vLLM's symmetric-memory all-reduce (which asks for it) is not used.
+NO_MULTICAST = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "VLLM_ALLREDUCE_USE_SYMM_MEM": "0",
+}
+
+
+def variant_env(
+    staged: dict, wheel: str, caches: Path, fp8_env: str | None, gpus: str | None = None
+) -> dict:
     env = dict(os.environ)
     for key in ("VLLM_FP8_MOE_BACKEND", "PYTHONPATH"):
         env.pop(key, None)
+    env.update(NO_MULTICAST)
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
     env.update(
         {
             "PYTHONPATH": os.pathsep.join(
@@ -121,8 +144,11 @@ def has_flashinfer(staged: dict) -> bool:
     return any(name.startswith("flashinfer_python-") for name in staged.get("dependencies", []))
 
 
-def run_variant(staged: dict, variant: dict, spec: dict, logs: Path, timeout: float) -> dict:
-    """Start one engine process for ``variant`` and return its record (result or failure)."""
+def run_variant(
+    staged: dict, variant: dict, spec: dict, logs: Path, timeout: float, gpus: str | None = None
+) -> dict:
+    """Start one engine process for ``variant`` (on ``gpus``, a CUDA_VISIBLE_DEVICES value, when
+    given) and return its record (result or failure)."""
     name = variant["name"]
     kind = models.FP8_KINDS[variant["kind"]]
     model_dir = Path(staged["models"]) / f"{variant['model']}-{variant['kind']}"
@@ -138,7 +164,9 @@ def run_variant(staged: dict, variant: dict, spec: dict, logs: Path, timeout: fl
         }
         (scratch / "spec.json").write_text(json.dumps(full, indent=2))
         log_path = logs / f"{name}.log"
-        env = variant_env(staged, variant["wheel"], scratch / "caches", variant.get("fp8_env"))
+        env = variant_env(
+            staged, variant["wheel"], scratch / "caches", variant.get("fp8_env"), gpus
+        )
         started = time.time()
         with open(log_path, "w") as log:
             try:
@@ -156,6 +184,7 @@ def run_variant(staged: dict, variant: dict, spec: dict, logs: Path, timeout: fl
         text = log_path.read_text(errors="replace")
         record = {
             **variant,
+            "gpus": gpus,
             "returncode": returncode,
             "wall_s": time.time() - started,
             "log": log_path.name,
@@ -200,6 +229,50 @@ def variants(
             entry["name"] = f"{model}-{kind}-{wheel}-{backend.replace('=', '-')}{suffix}"
             out.append(entry)
     return out
+
+
+def gpu_slots(gpus: str | None, tensor_parallel_size: int) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES for each slot: ``0,1,2,3`` at TP 2 is ``["0,1", "2,3"]``; without
+    ``--gpus`` one slot that keeps the environment's GPUs."""
+    if not gpus:
+        return [None]
+    ids = [g.strip() for g in gpus.split(",") if g.strip()]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"--gpus {gpus} names a GPU twice")
+    if not ids or len(ids) % tensor_parallel_size:
+        raise ValueError(
+            f"--gpus {gpus} is not a multiple of --tensor-parallel-size {tensor_parallel_size}"
+        )
+    return [
+        ",".join(ids[i : i + tensor_parallel_size])
+        for i in range(0, len(ids), tensor_parallel_size)
+    ]
+
+
+def groups(todo: list[dict], slots: int) -> list[list[dict]]:
+    """Variants that start together: consecutive ones, as many as there are slots."""
+    return [todo[i : i + slots] for i in range(0, len(todo), slots)]
+
+
+def run_group(
+    staged: dict,
+    group: list[dict],
+    spec: dict,
+    logs: Path,
+    timeout: float,
+    slots: list[str | None],
+) -> list[dict]:
+    if len(group) == 1:
+        return [run_variant(staged, group[0], spec, logs, timeout, slots[0])]
+    with ThreadPoolExecutor(max_workers=len(group)) as pool:
+        futures = [
+            pool.submit(run_variant, staged, variant, spec, logs, timeout, slot)
+            for variant, slot in zip(group, slots[: len(group)], strict=True)
+        ]
+        records = [f.result() for f in futures]
+    for record in records:
+        record["alongside"] = [r["name"] for r in records if r is not record]
+    return records
 
 
 def environment() -> dict:
@@ -259,16 +332,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile-batches", default="", help="batch sizes to profile by kernel kind (e.g. 1,16)"
     )
+    parser.add_argument(
+        "--gpus",
+        default=None,
+        help="GPU ids to use (e.g. 0,1): variants run side by side, one per slot of "
+        "--tensor-parallel-size GPUs",
+    )
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per variant")
     parser.add_argument("--out", type=Path, required=True, help="result path without suffix")
     args = parser.parse_args(argv)
 
     if not (args.staged / "staged.json").is_file():
         parser.error(f"{args.staged} holds no staged bundle: run python -m moe_e2e.stage first")
+    if args.tensor_parallel_size < 1:
+        parser.error("--tensor-parallel-size must be at least 1")
+    try:
+        slots = gpu_slots(args.gpus, args.tensor_parallel_size)
+    except ValueError as error:
+        parser.error(str(error))
     staged = json.loads((args.staged / "staged.json").read_text())
     spec = {
         **DEFAULT_SPEC,
         "max_num_seqs": args.max_num_seqs,
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "gpu_slots": slots,
         "repeats": args.repeats,
         "decode_batches": [int(b) for b in args.decode_batches.split(",")],
         "profile_batches": [int(b) for b in args.profile_batches.split(",") if b],
@@ -290,16 +378,18 @@ def main(argv: list[str] | None = None) -> int:
         "model_config": models.MODELS[args.model],
         "variants": [],
     }
-    for variant in todo:
-        record = run_variant(staged, variant, spec, logs, args.timeout)
-        report["variants"].append(record)
+    for group in groups(todo, len(slots)):
+        records = run_group(staged, group, spec, logs, args.timeout, slots)
+        report["variants"].extend(records)
         args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-        status = "ok" if "result" in record else f"FAILED ({record['returncode']})"
-        print(
-            f"{record['name']}: {status}, backend {record['moe_backend']}, "
-            f"{record['wall_s']:.0f} s",
-            flush=True,
-        )
+        for record in records:
+            status = "ok" if "result" in record else f"FAILED ({record['returncode']})"
+            where = f" on GPU {record['gpus']}" if record["gpus"] is not None else ""
+            print(
+                f"{record['name']}: {status}, backend {record['moe_backend']}{where}, "
+                f"{record['wall_s']:.0f} s",
+                flush=True,
+            )
     from .report import markdown
 
     args.out.with_suffix(".md").write_text(markdown(report))

@@ -235,11 +235,17 @@ def test_measure_reports_every_phase_from_streamed_tokens(fake_vllm):
         "decode_batches": [1, 4],
         "decode_tokens": 24,
         "repeats": 2,
+        "prefill_lens": [32, 64],
         "throughput": {"requests": 6, "prompt_lens": [16], "output_lens": [8, 16]},
         "trace": {**run.DEFAULT_SPEC["trace"], "bursts": 3, "interval_s": 0.01, "max_prompt": 64},
     }
     client = engine.Client(FakeEngine(), vocab_size=1000, seed=0)
     out = asyncio.run(engine.measure(client, spec))
+    for length in ("32", "64"):
+        prefill = out["prefill"][length]
+        assert len(prefill["ttft_ms"]) == 2  # the unmeasured request is reported on its own
+        assert 6 <= prefill["median_ms"] < 60  # prefill delay + first step: 4 + 2 ms
+        assert prefill["first_ms"] >= 6
     for batch in ("1", "4"):
         tpot = out["decode"][batch]
         assert len(tpot["tpot_ms"]) == 2
@@ -319,6 +325,50 @@ def test_variants_alternate_the_wheel_order_and_add_head_to_heads():
         ("b", "patched", 2),
     ]
     assert two[4]["name"] == "m-a-patched-r2"
+
+
+def test_gpu_slots_split_the_gpus_by_tensor_parallel_size():
+    assert run.gpu_slots(None, 1) == [None]
+    assert run.gpu_slots("0,1", 1) == ["0", "1"]
+    assert run.gpu_slots("0,1,2,3", 2) == ["0,1", "2,3"]
+    assert run.gpu_slots("3, 2", 2) == ["3,2"]
+    with pytest.raises(ValueError, match="not a multiple"):
+        run.gpu_slots("0,1,2", 2)
+    with pytest.raises(ValueError, match="names a GPU twice"):
+        run.gpu_slots("0,0", 1)
+
+
+def test_side_by_side_variants_swap_gpus_between_kinds(monkeypatch, tmp_path):
+    started = []
+
+    def fake_run_variant(staged, variant, spec, logs, timeout, gpus=None):
+        started.append((variant["name"], gpus))
+        return {**variant, "gpus": gpus, "returncode": 0}
+
+    monkeypatch.setattr(run, "run_variant", fake_run_variant)
+    todo = run.variants("m", ["a", "b"], ["official", "patched"], [])
+    slots = run.gpu_slots("0,1", 1)
+    records = []
+    for group in run.groups(todo, len(slots)):
+        records += run.run_group({}, group, {}, tmp_path, 1.0, slots)
+    placed = {(r["kind"], r["wheel"]): r["gpus"] for r in records}
+    assert placed == {
+        ("a", "official"): "0",
+        ("a", "patched"): "1",
+        ("b", "patched"): "0",
+        ("b", "official"): "1",
+    }
+    assert records[0]["alongside"] == ["m-a-patched"]
+    assert sorted(started) == sorted((r["name"], r["gpus"]) for r in records)
+
+
+def test_engines_never_use_nvlink_multicast(tmp_path, monkeypatch):
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    staged = {"sites": {"official": "o", "deps": str(tmp_path / "d")}, "dependencies": []}
+    env = run.variant_env(staged, "official", tmp_path / "caches", None, "0,1")
+    assert env["NCCL_NVLS_ENABLE"] == "0"
+    assert env["VLLM_ALLREDUCE_USE_SYMM_MEM"] == "0"
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
 
 
 def test_report_compares_the_wheels_per_kind():
