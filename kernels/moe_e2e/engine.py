@@ -19,9 +19,10 @@ streaming every token:
 * ``trace``: bursts of 1..32 requests with random prompt lengths every ``interval_s``, the TTFT
   of each request (where a new token count compiles a Triton kernel, a burst waits for it);
 * ``triton_kernels``: compiled kernels in the Triton cache after each phase;
-* ``profile`` (when the spec names ``profile_batches``): per batch size, the GPU time of a
-  batch's steps (16-token prompts, ``profile_tokens`` output tokens) by kernel kind, from
-  vLLM's torch-profiler trace (``moe_e2e.profile``), measured last.
+* ``profile`` (when the spec names ``profile_batches`` or ``profile_prompts``): per batch size,
+  the GPU time of a batch's steps (16-token prompts, ``profile_tokens`` output tokens), and per
+  prompt length the GPU time of one prefill, by kernel kind, from the GPU worker's
+  torch-profiler trace (``moe_e2e.profile``), measured last.
 """
 
 from __future__ import annotations
@@ -184,37 +185,50 @@ async def measure(client: Client, spec: dict) -> dict:
     }
     out["triton_kernels"]["trace"] = triton_kernels()
 
-    if spec.get("profile_batches"):
+    if spec.get("profile_batches") or spec.get("profile_prompts"):
         out["profile"] = await profile_steps(client, spec)
     return out
 
 
 async def profile_steps(client: Client, spec: dict) -> dict:
-    """One profiled batch per size: where its steps' GPU time goes (``moe_e2e.profile``)."""
-    from .profile import breakdown, load_trace
-
-    traces = Path(spec["profile_dir"])
+    """Where the GPU time goes (``moe_e2e.profile``), per profiled window: decode batches
+    (``B`` requests of 16-token prompts, ``profile_tokens`` output tokens, per step) and single
+    prefills (``prefill N``: one request of N prompt tokens and one output token)."""
     tokens = spec.get("profile_tokens", 32)
     out = {}
-    for batch in spec["profile_batches"]:
-        before = set(traces.rglob("*.json*"))
-        await client.engine.start_profile()
-        await asyncio.gather(*(client.request(16, tokens) for _ in range(batch)))
-        await client.engine.stop_profile()
-        for _ in range(120):  # the worker writes its trace after stopping
-            new = sorted(set(traces.rglob("*.pt.trace.json*")) - before)
-            if new:
-                break
-            await asyncio.sleep(1.0)
-        if not new:
-            out[str(batch)] = {"error": "no trace written"}
-            continue
-        out[str(batch)] = {"trace": new[-1].name, **breakdown(load_trace(new[-1]), tokens)}
+    for batch in spec.get("profile_batches", []):
+        requests = [(16, tokens)] * batch
+        out[str(batch)] = await profile_window(client, spec, requests, steps=tokens)
+    for length in spec.get("profile_prompts", []):
+        out[f"prefill {length}"] = await profile_window(client, spec, [(length, 1)], steps=1)
     return out
 
 
+async def profile_window(client: Client, spec: dict, requests: list, steps: int) -> dict:
+    from .profile import breakdown, load_trace
+
+    traces = Path(spec["profile_dir"])
+    before = set(worker_traces(traces))
+    await client.engine.start_profile()
+    await asyncio.gather(*(client.request(prompt, output) for prompt, output in requests))
+    await client.engine.stop_profile()
+    for _ in range(120):  # the worker writes its trace after stopping
+        new = [path for path in worker_traces(traces) if path not in before]
+        if new:
+            return {"trace": new[0].name, **breakdown(load_trace(new[0]), steps)}
+        await asyncio.sleep(1.0)
+    return {"error": "no worker trace written"}
+
+
+def worker_traces(traces: Path) -> list[Path]:
+    """The GPU workers' traces (rank 0 first); the front end's CPU-only ones are left out."""
+    return sorted(
+        path for path in traces.rglob("*.pt.trace.json*") if ".async_llm." not in path.name
+    )
+
+
 def profiler_args(spec: dict) -> dict:
-    if not spec.get("profile_batches"):
+    if not (spec.get("profile_batches") or spec.get("profile_prompts")):
         return {}
     return {
         "profiler_config": {
@@ -222,6 +236,7 @@ def profiler_args(spec: dict) -> dict:
             "torch_profiler_dir": spec["profile_dir"],
             "torch_profiler_with_stack": False,
             "torch_profiler_use_gzip": True,
+            "ignore_frontend": True,
         }
     }
 

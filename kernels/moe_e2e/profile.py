@@ -61,6 +61,8 @@ def breakdown(trace: dict, steps: int) -> dict:
         totals[classify(name)] += event["dur"]
         per_kernel[name] = per_kernel.get(name, 0.0) + event["dur"]
     total = sum(totals.values())
+    if not total:
+        return {"steps": steps, "error": "no GPU kernels in the trace"}
     top = sorted(per_kernel.items(), key=lambda item: -item[1])[:12]
     return {
         "steps": steps,

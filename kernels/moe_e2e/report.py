@@ -77,8 +77,13 @@ def markdown(report: dict) -> str:
         f"{report['spec']['max_model_len']}, tensor parallel "
         f"{report['spec'].get('tensor_parallel_size', 1)}; each variant a fresh process with "
         "empty caches" + _placement(report),
-        "",
     ]
+    if len(report.get("sessions", [])) > 1:
+        lines.append(
+            f"- measured in {len(report['sessions'])} device sessions (`--resume`); each "
+            "variant's `started_at` says when"
+        )
+    lines.append("")
     batches = [str(b) for b in report["spec"]["decode_batches"]]
     prompts = [str(n) for n in report["spec"].get("prefill_lens", [])]
     header = (

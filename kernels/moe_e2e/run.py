@@ -10,7 +10,10 @@ then the head-to-head variants (``WHEEL:KIND:BACKEND``: ``--moe-backend BACKEND`
 ``env=BACKEND`` for ``VLLM_FP8_MOE_BACKEND``).  Each variant gets a new process, new empty
 Triton / Inductor / vLLM caches, and its whole log kept; the MoE backend it chose is read from
 the engine's own "Using ... Fp8 MoE backend" line.  ``<out>.json`` is rewritten after every
-variant, so a run cut short keeps what it measured; ``<out>.md`` is the report.
+variant, so a run cut short keeps what it measured; ``<out>.md`` is the report.  ``--resume``
+continues such a file (same wheels, model and spec): what it measured is kept, failed and
+missing variants run, so one benchmark can span several device sessions.  ``--model`` takes
+several models, each written to ``<out>-<model>``.
 
 ``--gpus`` splits the listed GPUs into slots of ``--tensor-parallel-size`` GPUs; consecutive
 variants start together, one per slot, and the next group starts when all of them are done.  On
@@ -103,7 +106,12 @@ NO_MULTICAST = {
 
 
 def variant_env(
-    staged: dict, wheel: str, caches: Path, fp8_env: str | None, gpus: str | None = None
+    staged: dict,
+    wheel: str,
+    caches: Path,
+    fp8_env: str | None,
+    gpus: str | None = None,
+    extra: dict | None = None,
 ) -> dict:
     env = dict(os.environ)
     for key in ("VLLM_FP8_MOE_BACKEND", "PYTHONPATH"):
@@ -137,6 +145,7 @@ def variant_env(
         env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
     if fp8_env:
         env["VLLM_FP8_MOE_BACKEND"] = fp8_env
+    env.update(extra or {})
     return env
 
 
@@ -165,7 +174,12 @@ def run_variant(
         (scratch / "spec.json").write_text(json.dumps(full, indent=2))
         log_path = logs / f"{name}.log"
         env = variant_env(
-            staged, variant["wheel"], scratch / "caches", variant.get("fp8_env"), gpus
+            staged,
+            variant["wheel"],
+            scratch / "caches",
+            variant.get("fp8_env"),
+            gpus,
+            variant.get("env"),
         )
         started = time.time()
         with open(log_path, "w") as log:
@@ -185,6 +199,7 @@ def run_variant(
         record = {
             **variant,
             "gpus": gpus,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "returncode": returncode,
             "wall_s": time.time() - started,
             "log": log_path.name,
@@ -306,7 +321,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m moe_e2e.run", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--staged", type=Path, default=Path("~/moe-e2e").expanduser())
-    parser.add_argument("--model", required=True, choices=sorted(models.MODELS))
+    parser.add_argument(
+        "--model",
+        required=True,
+        help=f"one or more of {', '.join(sorted(models.MODELS))}, comma-separated",
+    )
     parser.add_argument("--kinds", default=",".join(models.FP8_KINDS))
     parser.add_argument("--wheels", default="official,patched")
     parser.add_argument(
@@ -333,6 +352,11 @@ def main(argv: list[str] | None = None) -> int:
         "--profile-batches", default="", help="batch sizes to profile by kernel kind (e.g. 1,16)"
     )
     parser.add_argument(
+        "--profile-prompts",
+        default="",
+        help="prompt lengths whose single prefill is profiled by kernel kind (e.g. 256,4000)",
+    )
+    parser.add_argument(
         "--gpus",
         default=None,
         help="GPU ids to use (e.g. 0,1): variants run side by side, one per slot of "
@@ -340,7 +364,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per variant")
-    parser.add_argument("--out", type=Path, required=True, help="result path without suffix")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="result path without suffix (with several models: <out>-<model> for each)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the variants <out>.json already measured (same wheels and spec) and run the "
+        "rest: one benchmark across several device sessions",
+    )
     args = parser.parse_args(argv)
 
     if not (args.staged / "staged.json").is_file():
@@ -360,28 +395,111 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "decode_batches": [int(b) for b in args.decode_batches.split(",")],
         "profile_batches": [int(b) for b in args.profile_batches.split(",") if b],
+        "profile_prompts": [int(n) for n in args.profile_prompts.split(",") if n],
     }
-    todo = variants(
-        args.model, args.kinds.split(","), args.wheels.split(","), args.head_to_head, args.rounds
+    command = " ".join(
+        ["python", "-m", "moe_e2e.run", *(argv if argv is not None else sys.argv[1:])]
     )
-    logs = args.out.parent / f"{args.out.name}-logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    report = {
-        "command": " ".join(["python", "-m", "moe_e2e.run", *(argv or sys.argv[1:])]),
+    names = args.model.split(",")
+    unknown = sorted(set(names) - set(models.MODELS))
+    if unknown:
+        parser.error(
+            f"unknown model {', '.join(unknown)}: choose from {', '.join(sorted(models.MODELS))}"
+        )
+    failed = False
+    for model in names:
+        out = args.out if len(names) == 1 else args.out.parent / f"{args.out.name}-{model}"
+        report = new_report(command, staged, spec, model)
+        if args.resume:
+            try:
+                report = resumed(report, result_path(out))
+            except ValueError as error:
+                parser.error(str(error))
+        todo = variants(
+            model, args.kinds.split(","), args.wheels.split(","), args.head_to_head, args.rounds
+        )
+        failed |= not run_model(report, todo, staged, spec, out, args.timeout, slots)
+    return 1 if failed else 0
+
+
+def result_path(out: Path, suffix: str = ".json") -> Path:
+    return out.parent / f"{out.name}{suffix}"
+
+
+def new_report(command: str, staged: dict, spec: dict, model: str) -> dict:
+    return {
+        "command": command,
         "vllm": staged["vllm"],
         "series_version": staged["series_version"],
         "official_wheel": staged["official_wheel"],
         "patched_wheel": staged["patched_wheel"],
         "environment": environment(),
         "spec": spec,
-        "model": args.model,
-        "model_config": models.MODELS[args.model],
+        "model": model,
+        "model_config": models.MODELS[model],
         "variants": [],
     }
+
+
+# What must be equal for a result file to be continued: the same wheels, model and measurement.
+RESUME_KEYS = ("vllm", "series_version", "model", "model_config")
+
+
+def resumed(report: dict, path: Path) -> dict:
+    """``report`` continuing the one in ``path``: its measured variants kept, its failed ones
+    dropped (they run again); a file measured with other wheels or another spec is refused."""
+    if not path.is_file():
+        return report
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot resume from {path}: {error}") from None
+    differs = [key for key in RESUME_KEYS if earlier.get(key) != report[key]]
+    for wheel in ("official_wheel", "patched_wheel"):
+        if (earlier.get(wheel) or {}).get("sha256") != report[wheel]["sha256"]:
+            differs.append(f"{wheel} sha256")
+    placement = ("gpu_slots",)
+    spec = {k: v for k, v in report["spec"].items() if k not in placement}
+    if {k: v for k, v in earlier.get("spec", {}).items() if k not in placement} != spec:
+        differs.append("spec")
+    if differs:
+        raise ValueError(
+            f"cannot resume {path}: its {', '.join(differs)} differ from this run's; "
+            "give another --out"
+        )
+    kept = [v for v in earlier.get("variants", []) if "result" in v]
+    sessions = earlier.get("sessions") or [
+        {"environment": earlier.get("environment"), "command": earlier.get("command")}
+    ]
+    return {
+        **report,
+        "variants": kept,
+        "sessions": [
+            *sessions,
+            {"environment": report["environment"], "command": report["command"]},
+        ],
+    }
+
+
+def run_model(
+    report: dict,
+    todo: list[dict],
+    staged: dict,
+    spec: dict,
+    out: Path,
+    timeout: float,
+    slots: list[str | None],
+) -> bool:
+    """Run the variants ``report`` does not hold yet; rewrite its JSON after every group and its
+    Markdown at the end.  True when every variant has a result."""
+    done = {v["name"] for v in report["variants"]}
+    todo = [v for v in todo if v["name"] not in done]
+    logs = out.parent / f"{out.name}-logs"
+    logs.mkdir(parents=True, exist_ok=True)
     for group in groups(todo, len(slots)):
-        records = run_group(staged, group, spec, logs, args.timeout, slots)
+        records = run_group(staged, group, spec, logs, timeout, slots)
         report["variants"].extend(records)
-        args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+        result_path(out).write_text(json.dumps(report, indent=2) + "\n")
         for record in records:
             status = "ok" if "result" in record else f"FAILED ({record['returncode']})"
             where = f" on GPU {record['gpus']}" if record["gpus"] is not None else ""
@@ -392,8 +510,9 @@ def main(argv: list[str] | None = None) -> int:
             )
     from .report import markdown
 
-    args.out.with_suffix(".md").write_text(markdown(report))
-    return 0 if all("result" in r for r in report["variants"]) else 1
+    result_path(out).write_text(json.dumps(report, indent=2) + "\n")
+    result_path(out, ".md").write_text(markdown(report))
+    return all("result" in r for r in report["variants"])
 
 
 if __name__ == "__main__":

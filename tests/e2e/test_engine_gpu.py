@@ -37,6 +37,9 @@ def test_patched_engine_generates_on_triton(kind, tmp_path):
         "model": "tiny-qwen3-moe",
         "kind": kind,
         "wheel": "patched",
+        # DeepGEMM's warm-up JIT-builds ~600 GEMM shapes for the block kind's dense layers
+        # (minutes, none of them MoE): this test is about serving, not start-up.
+        "env": {"VLLM_DEEP_GEMM_WARMUP": "skip"},
     }
     spec = {
         **DEFAULT_SPEC,

@@ -202,8 +202,13 @@ class FakeEngine:
     async def stop_profile(self):
         self.profiling = False
         trace = {"traceEvents": self.kernels}
-        name = f"worker.{len(list(self.profile_dir.iterdir()))}.pt.trace.json"
+        count = len(list(self.profile_dir.iterdir()))
+        name = f"dp0_pp0_tp0_rank0.{count}.pt.trace.json"
         (self.profile_dir / name).write_text(json.dumps(trace))
+        # vLLM's front end writes a CPU-only trace of its own, later than the worker's.
+        cpu_only = {"traceEvents": [{"cat": "cpu_op", "name": "generate", "dur": 9.0}]}
+        frontend = f"vm_1.async_llm.{count + 1}.pt.trace.json"
+        (self.profile_dir / frontend).write_text(json.dumps(cpu_only))
 
     async def generate(self, prompt, params, request_id):
         assert all(100 <= t for t in prompt["prompt_token_ids"])
@@ -371,6 +376,85 @@ def test_engines_never_use_nvlink_multicast(tmp_path, monkeypatch):
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
 
 
+@pytest.fixture
+def staged_dir(tmp_path, monkeypatch):
+    staged = {
+        "vllm": "0.21.0",
+        "series_version": "0.1.0",
+        "official_wheel": {"file": "o.whl", "sha256": "aa", "dropped": []},
+        "patched_wheel": {"file": "p.whl", "sha256": "bb", "version": "0.21.0+moe.0.1.0"},
+        "sites": {},
+    }
+    (tmp_path / "staged").mkdir()
+    (tmp_path / "staged" / "staged.json").write_text(json.dumps(staged))
+    monkeypatch.setattr(run, "environment", lambda: {"gpu": "H200"})
+    return tmp_path / "staged"
+
+
+def fake_engines(monkeypatch, failing=()):
+    started = []
+
+    def fake_run_variant(staged, variant, spec, logs, timeout, gpus=None):
+        started.append(variant["name"])
+        record = {**variant, "gpus": gpus, "returncode": 0, "log": "x.log", "wall_s": 1.0}
+        record["moe_backend"] = "TRITON"
+        if variant["name"] in failing:
+            return {**record, "returncode": 1}
+        result = {
+            "startup_s": 1.0,
+            "first_ttft_s": 0.1,
+            "decode": {str(b): {"tpot_ms": [1.0], "median_ms": 1.0} for b in (1, 4, 16, 64)},
+            "throughput": {"output_tokens_per_s": 1.0},
+            "trace": {"ttft_p50_ms": 1.0, "ttft_p99_ms": 1.0, "triton_kernels_compiled": 0},
+        }
+        return {**record, "result": result}
+
+    monkeypatch.setattr(run, "run_variant", fake_run_variant)
+    return started
+
+
+def test_resume_runs_only_what_is_missing_or_failed(monkeypatch, staged_dir, tmp_path):
+    out = tmp_path / "res"
+    args = ["--staged", str(staged_dir), "--model", "tiny-qwen3-moe", "--kinds", "fp8-static"]
+    args += ["--out", str(out)]
+    started = fake_engines(monkeypatch, failing={"tiny-qwen3-moe-fp8-static-patched"})
+    assert run.main(args) == 1
+    assert started == ["tiny-qwen3-moe-fp8-static-official", "tiny-qwen3-moe-fp8-static-patched"]
+
+    started = fake_engines(monkeypatch)
+    assert run.main([*args, "--resume"]) == 0
+    assert started == ["tiny-qwen3-moe-fp8-static-patched"]
+    report = json.loads((tmp_path / "res.json").read_text())
+    assert [v["wheel"] for v in report["variants"]] == ["official", "patched"]
+    assert len(report["sessions"]) == 2
+    assert "measured in 2 device sessions" in (tmp_path / "res.md").read_text()
+
+    # Other wheels or another measurement: refused, the file left as it was.
+    before = (tmp_path / "res.json").read_text()
+    with pytest.raises(SystemExit):
+        run.main([*args, "--resume", "--decode-batches", "1"])
+    staged = json.loads((staged_dir / "staged.json").read_text())
+    staged["patched_wheel"]["sha256"] = "cc"
+    (staged_dir / "staged.json").write_text(json.dumps(staged))
+    with pytest.raises(SystemExit):
+        run.main([*args, "--resume"])
+    assert (tmp_path / "res.json").read_text() == before
+
+
+def test_several_models_write_one_result_each(monkeypatch, staged_dir, tmp_path):
+    started = fake_engines(monkeypatch)
+    out = tmp_path / "e2e"
+    models_arg = "tiny-qwen3-moe,qwen3-30b-a3b"
+    args = ["--staged", str(staged_dir), "--model", models_arg, "--kinds", "fp8-block"]
+    assert run.main([*args, "--out", str(out)]) == 0
+    assert len(started) == 4
+    for model in models_arg.split(","):
+        report = json.loads((tmp_path / f"e2e-{model}.json").read_text())
+        assert report["model"] == model and len(report["variants"]) == 2
+    with pytest.raises(SystemExit):
+        run.main(["--staged", str(staged_dir), "--model", "gpt-moe", "--out", str(out)])
+
+
 def test_report_compares_the_wheels_per_kind():
     def result(scale):
         return {
@@ -470,6 +554,10 @@ def test_profile_sorts_kernels_into_the_kinds_of_a_decode_step():
             {"cat": "cpu_op", "name": "aten::mm", "dur": 500.0},  # host side: not GPU time
         ]
     }
+    assert profile.breakdown({"traceEvents": [{"cat": "cpu_op", "dur": 3.0}]}, steps=2) == {
+        "steps": 2,
+        "error": "no GPU kernels in the trace",
+    }
     out = profile.breakdown(trace, steps=2)
     assert out["kernel_us_per_step"] == 50.0
     assert out["us_per_step"]["moe_gemm"] == 20.0 and out["share"]["attention"] == 0.4
@@ -489,6 +577,7 @@ def test_measure_profiles_the_named_batches(fake_vllm, tmp_path):
         "throughput": {"requests": 2, "prompt_lens": [16], "output_lens": [8]},
         "trace": {**run.DEFAULT_SPEC["trace"], "bursts": 1, "interval_s": 0.0},
         "profile_batches": [1, 4],
+        "profile_prompts": [64],
         "profile_tokens": 8,
         "profile_dir": str(tmp_path),
     }
@@ -497,6 +586,9 @@ def test_measure_profiles_the_named_batches(fake_vllm, tmp_path):
     # one kernel per token per request: B requests x 8 tokens over 8 steps
     assert out["profile"]["1"]["us_per_step"]["moe_gemm"] == 5.0
     assert out["profile"]["4"]["us_per_step"]["moe_gemm"] == 20.0
+    # One prefill of 64 tokens: one step, one output token, one kernel in the fake trace.
+    assert out["profile"]["prefill 64"]["steps"] == 1
+    assert out["profile"]["prefill 64"]["us_per_step"]["moe_gemm"] == 5.0
     assert out["profile"]["4"]["share"]["moe_gemm"] == 1.0
 
 
