@@ -237,7 +237,7 @@ def _failing_git(stderr):
     [
         (
             "error: unable to write file vllm/x.py: No space left on device\nfatal: cannot",
-            7,
+            11,
             "git checkout could not write (fatal: cannot); free space or fix permissions",
         ),
         (
@@ -361,3 +361,19 @@ def test_an_oversized_or_endless_listing_is_an_index_error(
     result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "t")])
     assert result.exit_code == 4, result.output
     assert words in result.stderr and "Traceback" not in result.output
+
+
+def test_every_exit_code_is_documented_in_help_and_readme():
+    import re
+
+    from moe_patch import errors
+
+    codes = sorted(
+        v for k, v in vars(errors).items() if k.startswith("EXIT_") and isinstance(v, int)
+    )
+    assert codes == list(range(len(codes)))  # no gaps, no two names for one code
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    for code in codes:
+        assert re.search(rf"^\s*{code}\s+\S", errors.EXIT_CODES_HELP, re.MULTILINE), code
+        assert f"`{code}`" in readme, code
+    assert " 11  a local read or write failed" in CliRunner().invoke(main, ["--help"]).output

@@ -441,6 +441,13 @@ def target_not_ours(tmp_path, monkeypatch, fake_index, cache_dir, series_root):
 
 
 @case
+def target_is_a_device(tmp_path, monkeypatch, fake_index, cache_dir, series_root):
+    fake_index.add("1.0.0")
+    message = "--into /dev/null exists and is not a directory; choose another --into"
+    return Case(["apply", "--vllm", "1.0.0", "--into", "/dev/null"], 2, message, [cache_dir])
+
+
+@case
 def target_busy(tmp_path, monkeypatch, fake_index, cache_dir, series_root):
     import filelock
 
@@ -475,7 +482,7 @@ def installed_read_only(tmp_path, monkeypatch, fake_index, cache_dir, series_roo
     monkeypatch.setattr(installed, "_writable", lambda path: path != locked)
     return Case(
         ["apply", "--installed", "--target", str(site)],
-        7,
+        11,
         MESSAGES["readonly"].format(locked),
         [site],
     )
@@ -497,7 +504,7 @@ def installed_disk_full(tmp_path, monkeypatch, fake_index, cache_dir, series_roo
     monkeypatch.setattr(installed, "_write_atomic", write)
     return Case(
         ["apply", "--installed", "--target", str(site)],
-        7,
+        11,
         lambda: MESSAGES["diskfull"].format(written[1]),
         [site],
     )
@@ -525,7 +532,7 @@ def cache_disk_full(tmp_path, monkeypatch, fake_index, cache_dir, series_root):
         return handle
 
     monkeypatch.setattr(download.os, "fdopen", fdopen)
-    return _apply_fresh(tmp_path, cache_dir, 7, MESSAGES["cachefull"])
+    return _apply_fresh(tmp_path, cache_dir, 11, MESSAGES["cachefull"])
 
 
 _ROLLED_BACK = (
@@ -583,3 +590,12 @@ def _digest(path: Path, cache_dir: Path) -> str:
         for name in ("trees", "sdist", "wheels")
         if any((path / name).iterdir() if (path / name).is_dir() else ())
     )
+
+
+def test_into_a_regular_file_is_bad_input_like_a_device(fake_index, cache_dir, tmp_path):
+    fake_index.add("1.0.0")
+    into = tmp_path / "t"
+    into.write_text("not a tree\n")
+    result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(into)])
+    assert result.exit_code == 2 and "is a file" in result.stderr
+    assert into.read_text() == "not a tree\n"

@@ -133,7 +133,7 @@ def test_not_writable_is_refused_before_anything_changes(site, monkeypatch):
     locked = site / "vllm/model_executor/layers/fused_moe"
     monkeypatch.setattr(installed, "_writable", lambda path: path != locked)
     result = run("apply", "--installed", "--target", str(site))
-    assert result.exit_code == 7
+    assert result.exit_code == 11
     assert f"{locked} is not writable" in result.stderr
     assert tree_digest(site) == before
 

@@ -17,8 +17,8 @@ from .commands.list import list_series
 from .errors import (
     EXIT_CODES_HELP,
     EXIT_INTERNAL,
+    EXIT_LOCAL_IO,
     EXIT_PATCH_FAILED,
-    EXIT_STATE,
     MoePatchError,
 )
 from .maintainer_cli import register as _register_maintainer_commands
@@ -32,7 +32,8 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 class _Group(click.Group):
     """The one error policy: every failure is one line on stderr and a documented exit code
-    (a :class:`MoePatchError`'s own, 7 for a local write, 1 for a bug), never a traceback."""
+    (a :class:`MoePatchError`'s own, 11 for a local read or write, 1 for a bug), never a
+    traceback."""
 
     def invoke(self, ctx):
         gitutil.isolate_process()
@@ -49,10 +50,10 @@ class _Group(click.Group):
                 err=True,
                 fg="red",
             )
-            sys.exit(EXIT_STATE)
+            sys.exit(EXIT_LOCAL_IO)
         except git.GitCommandError as exc:
             click.secho(f"moe-patch: error: {_git_failure(exc)}", err=True, fg="red")
-            sys.exit(EXIT_STATE if _LOCAL_IO.search(str(exc.stderr)) else EXIT_INTERNAL)
+            sys.exit(EXIT_LOCAL_IO if _LOCAL_IO.search(str(exc.stderr)) else EXIT_INTERNAL)
         except KeyboardInterrupt:
             click.secho("moe-patch: interrupted; run the same command again to finish", err=True)
             sys.exit(130)

@@ -19,6 +19,7 @@ EXIT_STATE = 7  # the target is not in a state we may touch (dirty, foreign comm
 EXIT_VERIFY_FAILED = 8  # verify: at least one check failed (the report names it)
 EXIT_CONFLICT = 9  # rebase stopped at a conflict: resolve, then --continue / --skip / --abort
 EXIT_EXPORT_STALE = 10  # export --check: the patch files differ from the commits
+EXIT_LOCAL_IO = 11  # a local read or write failed: disk full, permissions, read-only filesystem
 
 # The "\b" line makes click print the table as written instead of re-wrapping it.
 EXIT_CODES_HELP = """\
@@ -35,6 +36,8 @@ Exit codes:
   8  verify: a check failed (the report names it)
   9  rebase stopped at a conflict (resolve, then rebase --continue, --skip or --abort)
  10  export --check: the series files are not what the commits export to
+ 11  a local read or write failed (disk full, permissions, read-only filesystem);
+     what the run wrote was rolled back
 """
 
 
@@ -75,6 +78,12 @@ class BusyError(MoePatchError):
 
 class StateError(MoePatchError):
     exit_code = EXIT_STATE
+
+
+class LocalIOError(MoePatchError):
+    """A file moe-patch must read or write cannot be: free space or fix permissions."""
+
+    exit_code = EXIT_LOCAL_IO
 
 
 class RebaseStopped(MoePatchError):

@@ -42,7 +42,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import __version__, cache, release_diff, series, versions
 from . import wheel as wheels
-from .errors import IntegrityError, StateError, UsageError
+from .errors import IntegrityError, LocalIOError, StateError, UsageError
 
 PROJECT = "vllm"
 STATE_DIR = "moe-patch"
@@ -122,7 +122,7 @@ def _read(path: Path, what: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise StateError(f"cannot read {what} ({path}: {exc.strerror})") from None
+        raise LocalIOError(f"cannot read {what} ({path}: {exc.strerror})") from None
 
 
 # ---------------------------------------------------------------- RECORD
@@ -433,7 +433,7 @@ def _apply(install: Install, rdiff, patches: list[dict], report: InstalledReport
     blocked = sorted(str(d) for d in dirs if not _writable(d))
     blocked += sorted(str(site / p) for p in originals if not _writable(site / p))
     if blocked:
-        raise StateError(
+        raise LocalIOError(
             f"{blocked[0]} is not writable; run as its owner (or root), or use a "
             "patched wheel (moe-patch wheel) in the image instead"
         )

@@ -81,6 +81,8 @@ def _fresh_target(into: Path) -> Path:
             f"--into {into} is a symbolic link (to {into.resolve()}); "
             "give the real path, or another --into"
         )
+    if into.exists() and not into.is_dir():
+        raise UsageError(f"--into {into} exists and is not a directory; choose another --into")
     if into.exists() and any(into.iterdir()):
         raise UsageError(
             f"{into} exists and is not a tree made by moe-patch; choose another --into"
