@@ -299,3 +299,15 @@ def series_root(tmp_path, monkeypatch):
     )
     monkeypatch.setenv("MOE_PATCH_SERIES", str(root))
     return root
+
+
+def unrelated_repo(root: Path) -> Path:
+    """A user's own repository, with a remote: what a git hook's GIT_DIR would point at."""
+    repo = root / "hook-repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "f").write_text("mine\n")
+    git(repo, "add", "f")
+    git(repo, "commit", "-qm", "mine")
+    git(repo, "remote", "add", "origin", "https://example.invalid/mine.git")
+    return repo

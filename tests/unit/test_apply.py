@@ -221,6 +221,7 @@ def test_dirty_source_checkout_is_refused_and_untouched(fake_index, series_root,
     git(source, "init", "-q")
     git(source, "add", "-A", "-f")
     git(source, "commit", "-q", "-m", "v1.0.0")
+    git(source, "tag", "v1.0.0")
     (source / "vllm" / "__init__.py").write_text("# local edit\n")
     before = tree_digest(source)
     for extra in ([], ["--in-place"]):
@@ -240,6 +241,7 @@ def test_source_checkout_copied_and_in_place(fake_index, series_root, tmp_path):
     git(source, "init", "-q", "-b", "main")
     git(source, "add", "-A", "-f")
     git(source, "commit", "-q", "-m", "v1.0.0")
+    git(source, "tag", "v1.0.0")
     before = tree_digest(source)
     result, report = apply_json("--source", str(source), "--into", str(tmp_path / "copy"))
     assert result.exit_code == 0, result.output
@@ -365,3 +367,36 @@ def test_list(series_root):
     assert rows[0]["probes"] == [JIT_PROBE.split(": ", 1)[1]]
     table = run("list").stdout
     assert "v1.0.0" in table and "jit" in table
+
+
+def test_source_that_is_not_the_release_needs_any_base(fake_index, series_root, tmp_path):
+    """A clone on a branch past the release (any real vLLM clone's main) is not 1.0.0: moe-patch
+    says so instead of patching it under that name, unless --any-base says to."""
+    source = tmp_path / "src"
+    for name, text in release_files("1.0.0").items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_text(text)
+    (source / "PKG-INFO").unlink(missing_ok=True)
+    git(source, "init", "-q", "-b", "main")
+    git(source, "add", "-A", "-f")
+    git(source, "commit", "-q", "-m", "v1.0.0")
+    git(source, "tag", "v1.0.0")
+    (source / "NEWS").write_text("after the release\n")
+    git(source, "add", "NEWS")
+    git(source, "commit", "-q", "-m", "main moves on")
+    head = git(source, "rev-parse", "--short=12", "HEAD")
+    before = tree_digest(source)
+    args = ["apply", "--vllm", "1.0.0", "--source", str(source), "--into", str(tmp_path / "t")]
+    refused = run(*args)
+    assert refused.exit_code == 2
+    assert refused.stderr == (
+        f"moe-patch: error: --source {source} is not the vLLM 1.0.0 release: its HEAD ({head}) "
+        "is not tagged v1.0.0; check out v1.0.0, or pass --any-base to patch it as 1.0.0 "
+        "anyway\n"
+    )
+    assert not (tmp_path / "t").exists() and tree_digest(source) == before
+    anyway = run(*args, "--any-base")
+    assert anyway.exit_code == 0, anyway.output
+    assert "--any-base: patching" in anyway.stderr and f"HEAD ({head})" in anyway.stderr
+    assert tree_digest(source) == before
+    assert run("apply", "--vllm", "1.0.0", "--any-base").exit_code == 2  # needs a --source

@@ -17,7 +17,7 @@ from moe_patch import cache, index
 from moe_patch.cli import main
 from moe_patch.errors import NetworkError, UsageError
 from moe_patch.pipconfig import IndexSettings, redact
-from support import git, make_sdist, release_files
+from support import git, make_sdist, release_files, unrelated_repo
 
 JSON = "application/vnd.pypi.simple.v1+json"
 SECRET_BASE = "https://alice:hunter2@index.example.invalid/simple/vllm/"
@@ -120,17 +120,6 @@ def test_a_bad_lock_timeout_stops_a_command_with_exit_2(
     assert cache.lock_timeout() == cache.DEFAULT_LOCK_TIMEOUT
 
 
-def _unrelated_repo(tmp_path):
-    repo = tmp_path / "hook-repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    (repo / "f").write_text("mine\n")
-    git(repo, "add", "f")
-    git(repo, "commit", "-qm", "mine")
-    git(repo, "remote", "add", "origin", "https://example.invalid/mine.git")
-    return repo
-
-
 def _state(repo):
     return git(repo, "for-each-ref"), git(repo, "config", "--local", "--list"), git(repo, "status")
 
@@ -139,7 +128,7 @@ def test_git_variables_of_a_hook_do_not_steer_moe_patch(
     cache_dir, fake_index, series_root, tmp_path, monkeypatch
 ):
     fake_index.add("1.0.0")
-    repo = _unrelated_repo(tmp_path)
+    repo = unrelated_repo(tmp_path)
     before = _state(repo)
     monkeypatch.setenv("GIT_DIR", str(repo / ".git"))
     monkeypatch.setenv("GIT_WORK_TREE", str(repo))
@@ -377,3 +366,24 @@ def test_every_exit_code_is_documented_in_help_and_readme():
         assert re.search(rf"^\s*{code}\s+\S", errors.EXIT_CODES_HELP, re.MULTILINE), code
         assert f"`{code}`" in readme, code
     assert " 11  a local read or write failed" in CliRunner().invoke(main, ["--help"]).output
+
+
+def test_every_command_shows_examples_that_parse_and_only_its_exit_codes():
+    import re
+    import shlex
+
+    from moe_patch import errors
+
+    for name, command in main.commands.items():
+        help_text = CliRunner().invoke(main, [name, "--help"]).output
+        examples = help_text.split("Examples:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+        assert examples, name
+        for example in examples:
+            words = shlex.split(example.split("#", 1)[0])
+            assert words[:2] == ["moe-patch", name], example
+            command.make_context(name, words[2:])  # options exist, values are valid
+        codes = {
+            int(c) for c in re.findall(r"^\s+(\d+)  ", help_text.split("Exit codes:")[1], re.M)
+        }
+        assert {0, 1} <= codes < set(errors.EXIT_MEANINGS), (name, codes)
+    assert "10  export --check" not in CliRunner().invoke(main, ["apply", "--help"]).output

@@ -23,7 +23,7 @@ from support import git, tree_digest
 from wheel_support import make_wheel, pip_install, record_problems
 
 CLI = [sys.executable, "-c", "from moe_patch.cli import main; main()"]
-POINTS = int(os.environ.get("MOE_PATCH_KILL_POINTS", "15"))
+POINTS = int(os.environ.get("MOE_PATCH_KILL_POINTS", "50"))
 
 
 def cli(*args, env=None, check=True):
@@ -64,9 +64,38 @@ def work_files(tree: Path) -> str:
         shutil.rmtree(scratch)
 
 
-def delays(duration: float, seed: int) -> list[float]:
-    rng = random.Random(seed)
-    return sorted(rng.uniform(0.05, duration * 1.1) for _ in range(POINTS))
+class KillPoints:
+    """Kill times for ``POINTS`` kills that land while the command runs.
+
+    Delays are drawn over the run's duration; a run that finished before its kill tells how
+    long a run really takes, so the window shrinks to that and another point is drawn (at most
+    ``3 * POINTS`` tries). A kill that lands after the run has ended tests nothing."""
+
+    def __init__(self, duration: float, seed: int):
+        self.rng = random.Random(seed)
+        self.limit = duration * 0.9
+        self.landed = self.tries = 0
+
+    def __iter__(self):
+        while self.landed < POINTS and self.tries < 3 * POINTS:
+            self.tries += 1
+            yield self.rng.uniform(0.05, max(self.limit, 0.1))
+
+    def record(self, delay: float, killed: bool) -> None:
+        if killed:
+            self.landed += 1
+        else:
+            self.limit = min(self.limit, delay * 0.9)
+
+    def check(self) -> None:
+        assert self.landed == POINTS, f"only {self.landed} of {self.tries} kills landed mid-run"
+
+
+def leftovers(into: Path) -> list[str]:
+    """What a run left beside ``into``: scratch trees and temporary files of its name."""
+    return sorted(
+        p.name for p in into.parent.iterdir() if p.name.startswith((f".tmp-{into.name}", ".tmp"))
+    )
 
 
 def test_kill_apply_and_download_at_many_points(fake_index, series_root, tmp_path):
@@ -74,16 +103,23 @@ def test_kill_apply_and_download_at_many_points(fake_index, series_root, tmp_pat
     fake_index.add("1.0.0")
     fake_index.delay = 0.02  # the download takes a while, so kills land inside it
     env = dict(os.environ)
-    reference = tmp_path / "reference"
-    duration = timed("apply", "--vllm", "1.0.0", "--into", str(reference), env=env)
+    # The faster of two cold runs (the first also warms the OS's caches), so kills land early.
+    took = []
+    for attempt in ("first", "reference"):
+        env["MOE_PATCH_CACHE"] = str(tmp_path / f"cache-{attempt}")
+        reference = tmp_path / attempt
+        took.append(timed("apply", "--vllm", "1.0.0", "--into", str(reference), env=env))
+    duration = min(took)
     head = git(reference, "rev-parse", "moe-patch/v1.0.0")
     files = work_files(reference)
 
-    killed = 0
-    for point, delay in enumerate(delays(duration, seed=9)):
+    points = KillPoints(duration, seed=9)
+    for point, delay in enumerate(points):
         env["MOE_PATCH_CACHE"] = str(tmp_path / f"cache-{point}")
         into = tmp_path / f"t-{point}"
-        killed += killed_at(delay, "apply", "--vllm", "1.0.0", "--into", str(into), env=env)
+        points.record(
+            delay, killed_at(delay, "apply", "--vllm", "1.0.0", "--into", str(into), env=env)
+        )
         cli("apply", "--vllm", "1.0.0", "--into", str(into), env=env)  # the next run finishes
         assert git(into, "rev-parse", "moe-patch/v1.0.0") == head, f"kill at {delay:.2f} s"
         assert git(into, "rev-parse", "--abbrev-ref", "HEAD") == "moe-patch/v1.0.0"
@@ -92,7 +128,8 @@ def test_kill_apply_and_download_at_many_points(fake_index, series_root, tmp_pat
         cache = Path(env["MOE_PATCH_CACHE"])
         assert [p.name for p in (cache / "trees").iterdir()] == ["v1.0.0.git"]
         assert not list((cache / "sdist").iterdir())  # no half download kept
-    assert killed >= POINTS // 2  # most kills landed while the run was working
+        assert leftovers(into) == [], f"kill at {delay:.2f} s"
+    points.check()
 
 
 def test_kill_reapply_on_an_existing_tree(fake_index, series_root, tmp_path):
@@ -105,12 +142,17 @@ def test_kill_reapply_on_an_existing_tree(fake_index, series_root, tmp_path):
     head = git(reference, "rev-parse", "moe-patch/v1.0.0")
     into = tmp_path / "t"
     cli("apply", "--vllm", "1.0.0", "--into", str(into), env=env)
-    for delay in delays(duration, seed=11):
-        killed_at(delay, "apply", "--vllm", "1.0.0", "--into", str(into), env=env)
+    points = KillPoints(duration, seed=11)
+    for delay in points:
+        points.record(
+            delay, killed_at(delay, "apply", "--vllm", "1.0.0", "--into", str(into), env=env)
+        )
         result = cli("apply", "--vllm", "1.0.0", "--into", str(into), "--json", env=env)
         assert git(into, "rev-parse", "moe-patch/v1.0.0") == head, f"kill at {delay:.2f} s"
         assert git(into, "status", "--porcelain") == ""
         assert '"unchanged": true' in result.stdout
+        assert leftovers(into) == [], f"kill at {delay:.2f} s"
+    points.check()
 
 
 def installed_digest(site: Path) -> str:
@@ -142,12 +184,14 @@ def test_kill_apply_installed_at_many_points(fake_index, series_root, tmp_path, 
     duration = timed("apply", "--installed", "--target", str(site), env=env)
     patched = installed_digest(site)
 
-    outcomes = set()
-    for delay in delays(duration, seed=13):
+    outcomes, points = set(), KillPoints(duration, seed=13)
+    for delay in points:
         shutil.rmtree(site)
         shutil.copytree(pristine, site, symlinks=True)
         before = tree_digest(site)
-        killed_at(delay, "apply", "--installed", "--target", str(site), env=env)
+        points.record(
+            delay, killed_at(delay, "apply", "--installed", "--target", str(site), env=env)
+        )
         result = cli("apply", "--installed", "--target", str(site), env=env, check=False)
         if result.returncode == 7:  # interrupted: the message names the command that recovers
             assert result.stderr == (
@@ -163,7 +207,9 @@ def test_kill_apply_installed_at_many_points(fake_index, series_root, tmp_path, 
             outcomes.add("finished")
         assert installed_digest(site) == patched, f"kill at {delay:.2f} s"
         assert record_problems(site) == []
+        assert leftovers(site) == [], f"kill at {delay:.2f} s"
     assert outcomes  # which ones occur depends on timing; both are checked when they do
+    points.check()
 
 
 # --- concurrency ------------------------------------------------------------------------
@@ -262,12 +308,12 @@ def test_kill_rebase_at_many_points(fake_index, series_root, tmp_path):
     written = {p.name: p.read_bytes() for p in (root / "v1.1.0").iterdir()}
     assert set(written) == {"series", "jit.patch", "extra.patch"}
 
-    recovered = 0
-    for point, delay in enumerate(delays(duration, seed=17)):
+    recovered, points = 0, KillPoints(duration, seed=17)
+    for point, delay in enumerate(points):
         root = fresh_series(f"series-{point}")
         into = tmp_path / f"r-{point}"
         command = ["rebase", "--onto", "1.1.0", "--into", str(into)]
-        killed_at(delay, *command, env=env)
+        points.record(delay, killed_at(delay, *command, env=env))
         result = cli(*command, env=env, check=False)
         if result.returncode == 7:
             assert result.stderr == (
@@ -284,3 +330,41 @@ def test_kill_rebase_at_many_points(fake_index, series_root, tmp_path):
         assert {p.name: p.read_bytes() for p in (root / "v1.1.0").iterdir()} == written
         if (into / ".git").is_dir():
             assert git(into, "rev-parse", "HEAD") == head, f"kill at {delay:.2f} s"
+        assert leftovers(into) == [], f"kill at {delay:.2f} s"
+        assert leftovers(root / "v1.1.0") == [], f"kill at {delay:.2f} s"
+    points.check()
+
+
+def test_kill_wheel_at_many_points(fake_index, series_root, tmp_path):
+    """``wheel`` (official wheel download, patched members, RECORD, the new wheel's write)
+    killed anywhere: the next run writes the same wheel, and nothing else is left in the
+    output folder or the cache."""
+    from wheel_support import add_wheel
+
+    fake_index.add("1.0.0")
+    add_wheel(fake_index, "1.0.0")
+    fake_index.delay = 0.02
+    env = dict(os.environ)
+    took = []
+    for attempt in ("first", "reference"):  # the faster of two cold runs, as for apply
+        env["MOE_PATCH_CACHE"] = str(tmp_path / f"cache-{attempt}")
+        reference = tmp_path / f"dist-{attempt}"
+        took.append(timed("wheel", "--vllm", "1.0.0", "-o", str(reference), env=env))
+    duration = min(took)
+    (built,) = reference.iterdir()
+
+    points = KillPoints(duration, seed=19)
+    for point, delay in enumerate(points):
+        env["MOE_PATCH_CACHE"] = str(tmp_path / f"cache-{point}")
+        dist = tmp_path / f"dist-{point}"
+        points.record(delay, killed_at(delay, "wheel", "--vllm", "1.0.0", "-o", str(dist), env=env))
+        cli("wheel", "--vllm", "1.0.0", "-o", str(dist), env=env)
+        assert [p.name for p in dist.iterdir()] == [built.name], f"kill at {delay:.2f} s"
+        assert (dist / built.name).read_bytes() == built.read_bytes(), f"kill at {delay:.2f} s"
+        cache = Path(env["MOE_PATCH_CACHE"])
+        stray = [
+            p for p in cache.rglob("*") if p.name.startswith((".tmp", "tmp")) or ".part" in p.name
+        ]
+        assert stray == [], f"kill at {delay:.2f} s"
+        assert leftovers(dist) == [], f"kill at {delay:.2f} s"
+    points.check()

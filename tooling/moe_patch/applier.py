@@ -155,14 +155,8 @@ def fetch_base_objects(
     base; when two patches change one file, the second one's preimage exists only
     once the first has been applied to the base."""
     try:
-        repo = trees.release_repo(series_base, index_url)
-        gitutil.run(
-            tree,
-            "fetch",
-            "-q",
-            "--no-tags",
-            str(repo),
-            f"refs/tags/{trees.release_tag(series_base)}",
+        trees.fetch_release(
+            tree, series_base, f"refs/tags/{trees.release_tag(series_base)}", index_url
         )
     except (MoePatchError, git.GitCommandError):  # no base: no 3-way fallback
         return False

@@ -13,19 +13,25 @@ import git
 
 from . import __version__, gitutil
 from .commands.apply import apply as apply_command
+from .commands.clean import clean as clean_command
 from .commands.list import list_series
 from .errors import (
+    EXIT_BUSY,
     EXIT_CODES_HELP,
     EXIT_INTERNAL,
     EXIT_LOCAL_IO,
     EXIT_PATCH_FAILED,
+    EXIT_STATE,
+    EXIT_USAGE,
+    FETCHING,
     MoePatchError,
+    command_epilog,
 )
 from .maintainer_cli import register as _register_maintainer_commands
 from .packaging_cli import installed_flag, target_option
 from .packaging_cli import register as _register_packaging_commands
 from .pr_cli import register as _register_pr_command
-from .report import render_apply, render_table
+from .report import render_apply, render_clean, render_table
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -105,7 +111,17 @@ _series_option = click.option(
 )
 
 
-@main.command(epilog=EXIT_CODES_HELP)
+@main.command(
+    epilog=command_epilog(
+        [
+            "moe-patch apply --vllm 0.21                   # ./vllm-0.21.0, patched",
+            "moe-patch apply --vllm 0.21.0 --into work/vllm --only swap-ab",
+            "moe-patch apply --vllm 0.21 --source ~/src/vllm   # from a copy of your checkout",
+            "moe-patch apply --installed                   # the vllm of this environment",
+        ],
+        FETCHING | {EXIT_PATCH_FAILED, EXIT_STATE},
+    )
+)
 @click.option(
     "--vllm", "vllm", metavar="VERSION", help="Release: 0.21 (newest 0.21.x), 0.21.0 or v0.21.0."
 )
@@ -128,6 +144,11 @@ _series_option = click.option(
 @click.option(
     "--in-place", is_flag=True, help="Patch the clean --source checkout itself, on a new branch."
 )
+@click.option(
+    "--any-base",
+    is_flag=True,
+    help="Patch a --source that is not the release (untagged, a branch) as if it were.",
+)
 @click.option("--only", multiple=True, metavar="ID", help="Apply only this patch (repeatable).")
 @click.option(
     "--index-url", metavar="URL", help="Package index to read releases from [default: pip's]."
@@ -137,7 +158,18 @@ _series_option = click.option(
 @target_option
 @_series_option
 def apply(
-    vllm, into, source, git_url, in_place, only, index_url, as_json, installed_, target, series_root
+    vllm,
+    into,
+    source,
+    git_url,
+    in_place,
+    any_base,
+    only,
+    index_url,
+    as_json,
+    installed_,
+    target,
+    series_root,
 ):
     """Create or update a vLLM work tree with the series applied, one commit per patch.
 
@@ -153,7 +185,7 @@ def apply(
         )
         return
     report = apply_command(
-        vllm, into, source, git_url, in_place, list(only) or None, index_url, series_root
+        vllm, into, source, git_url, in_place, list(only) or None, index_url, series_root, any_base
     )
     click.echo(report.to_json() if as_json else render_apply(report))
     if not report.ok:
@@ -181,7 +213,10 @@ def _apply_installed(
     click.echo(report.to_json() if as_json else render_installed(report))
 
 
-@main.command(name="list")
+@main.command(
+    name="list",
+    epilog=command_epilog(["moe-patch list", "moe-patch list --vllm 0.33.0 --json"], {EXIT_USAGE}),
+)
 @click.option(
     "--vllm",
     "vllm",
@@ -201,6 +236,43 @@ def list_cmd(vllm, as_json, series_root):
         for r in rows
     ]
     click.echo(render_table(["base", "#", "patch", "upstream", "subject"], table))
+
+
+@main.command(
+    name="clean",
+    epilog=command_epilog(
+        [
+            "moe-patch clean --dry-run                     # what killed runs left, with sizes",
+            "moe-patch clean --into vllm-0.21.0            # also scratch trees beside it",
+            "moe-patch clean --all                         # empty the cache",
+        ],
+        {EXIT_BUSY, EXIT_LOCAL_IO},
+    ),
+)
+@click.option(
+    "--all",
+    "everything",
+    is_flag=True,
+    help="Also remove every cache entry: downloads, release trees, wheels, listings.",
+)
+@click.option(
+    "--into",
+    type=click.Path(path_type=Path),
+    help="Also remove the scratch trees killed runs left beside this --into.",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def clean_cmd(everything, into, dry_run, as_json):
+    """Remove what killed runs left in the cache (and beside --into); --all empties the cache.
+
+    Entries another run is using are kept (exit 6 when any was)."""
+    report = clean_command(everything, into, dry_run)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(render_clean(report))
+    if report.in_use:
+        sys.exit(EXIT_BUSY)
 
 
 _register_maintainer_commands(main, _series_option)

@@ -21,24 +21,42 @@ EXIT_CONFLICT = 9  # rebase stopped at a conflict: resolve, then --continue / --
 EXIT_EXPORT_STALE = 10  # export --check: the patch files differ from the commits
 EXIT_LOCAL_IO = 11  # a local read or write failed: disk full, permissions, read-only filesystem
 
-# The "\b" line makes click print the table as written instead of re-wrapping it.
-EXIT_CODES_HELP = """\
-\b
-Exit codes:
-  0  success (patches applied or already present)
-  1  internal error: a bug in moe-patch (please report it; MOE_PATCH_DEBUG=1 shows more)
-  2  bad input (unknown version, option, or source tree)
-  3  a patch failed to apply (the tree is left at the last good commit)
-  4  the package index or a download could not be reached
-  5  integrity error (hash mismatch, corrupt or hostile archive or patch)
-  6  busy: another moe-patch run holds the lock
-  7  the target tree is not in a state moe-patch may change (dirty, foreign commits)
-  8  verify: a check failed (the report names it)
-  9  rebase stopped at a conflict (resolve, then rebase --continue, --skip or --abort)
- 10  export --check: the series files are not what the commits export to
- 11  a local read or write failed (disk full, permissions, read-only filesystem);
-     what the run wrote was rolled back
-"""
+EXIT_MEANINGS = {
+    EXIT_OK: "success",
+    EXIT_INTERNAL: "internal error: a bug in moe-patch (please report it; MOE_PATCH_DEBUG=1 "
+    "shows more)",
+    EXIT_USAGE: "bad input (unknown version, option, or source tree)",
+    EXIT_PATCH_FAILED: "a patch failed to apply (the tree is left at the last good commit)",
+    EXIT_NETWORK: "the package index or a download could not be reached",
+    EXIT_INTEGRITY: "integrity error (hash mismatch, corrupt or hostile archive or patch)",
+    EXIT_BUSY: "busy: another moe-patch run holds the lock",
+    EXIT_STATE: "the target is not in a state moe-patch may change (dirty, foreign commits)",
+    EXIT_VERIFY_FAILED: "a check failed (the report names it)",
+    EXIT_CONFLICT: "rebase stopped at a conflict (resolve, then rebase --continue, --skip or "
+    "--abort)",
+    EXIT_EXPORT_STALE: "export --check: the series files are not what the commits export to",
+    EXIT_LOCAL_IO: "a local read or write failed (disk full, permissions, read-only "
+    "filesystem); what the run wrote was rolled back",
+}
+
+
+# What a command that resolves, downloads and caches a release and writes a tree can give.
+FETCHING = frozenset({EXIT_USAGE, EXIT_NETWORK, EXIT_INTEGRITY, EXIT_BUSY, EXIT_LOCAL_IO})
+
+
+def _codes_table(codes) -> list[str]:
+    # A "\b" line makes click print the paragraph after it as written instead of re-wrapping.
+    return ["\b", "Exit codes:"] + [f" {code:>2}  {EXIT_MEANINGS[code]}" for code in sorted(codes)]
+
+
+EXIT_CODES_HELP = "\n".join(_codes_table(EXIT_MEANINGS)) + "\n"
+
+
+def command_epilog(examples: list[str], codes: set[int]) -> str:
+    """A command's ``--help`` epilog: examples, then the exit codes that command can give
+    (0 and 1, a bug, always)."""
+    lines = ["\b", "Examples:", *(f"  {example}" for example in examples), ""]
+    return "\n".join(lines + _codes_table({EXIT_OK, EXIT_INTERNAL, *codes})) + "\n"
 
 
 class MoePatchError(Exception):

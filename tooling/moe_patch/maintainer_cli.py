@@ -20,10 +20,17 @@ from .commands.rebase import rebase as rebase_command
 from .commands.verify import releases as releases_command
 from .commands.verify import verify as verify_command
 from .errors import (
-    EXIT_CODES_HELP,
+    EXIT_CONFLICT,
     EXIT_EXPORT_STALE,
+    EXIT_INTEGRITY,
+    EXIT_LOCAL_IO,
+    EXIT_PATCH_FAILED,
+    EXIT_STATE,
+    EXIT_USAGE,
     EXIT_VERIFY_FAILED,
+    FETCHING,
     RebaseStopped,
+    command_epilog,
 )
 from .report import render_table
 
@@ -38,7 +45,16 @@ def _fail(message: str, code: int) -> None:
 
 
 def register(main: click.Group, series_option) -> None:
-    @main.command(epilog=EXIT_CODES_HELP)
+    @main.command(
+        epilog=command_epilog(
+            [
+                "moe-patch verify                             # every supported release",
+                "moe-patch verify --vllm 0.21.0 --vllm 0.33.0 --json",
+                "moe-patch verify --vllm 0.21.0 --kernels     # also the kernel tests",
+            ],
+            FETCHING | {EXIT_VERIFY_FAILED},
+        )
+    )
     @click.option(
         "--vllm",
         "versions",
@@ -94,7 +110,16 @@ def register(main: click.Group, series_option) -> None:
             more = f" (+{len(failed) - 4} more)" if len(failed) > 4 else ""
             _fail(f"verify failed: {', '.join(failed[:4])}{more}", EXIT_VERIFY_FAILED)
 
-    @main.command(epilog=EXIT_CODES_HELP)
+    @main.command(
+        epilog=command_epilog(
+            [
+                "moe-patch rebase --onto 0.34.0 --into work/rebase-0.34",
+                "moe-patch rebase --continue --into work/rebase-0.34   # after resolving",
+                "moe-patch rebase --abort --into work/rebase-0.34",
+            ],
+            FETCHING | {EXIT_PATCH_FAILED, EXIT_STATE, EXIT_CONFLICT},
+        )
+    )
     @click.option("--onto", metavar="VERSION", help="The release to carry the series onto.")
     @click.option(
         "--from",
@@ -109,6 +134,11 @@ def register(main: click.Group, series_option) -> None:
     )
     @click.option("--git", "git_url", metavar="URL", help="Clone tag vVERSION from this remote.")
     @click.option(
+        "--any-base",
+        is_flag=True,
+        help="Take a --source that is not the release (untagged, a branch) as --onto anyway.",
+    )
+    @click.option(
         "--into",
         type=click.Path(file_okay=False, path_type=Path),
         help="Work tree of the rebase [default: ./vllm-VERSION-rebase].",
@@ -118,7 +148,9 @@ def register(main: click.Group, series_option) -> None:
     @click.option("--abort", is_flag=True, help="Give up: remove the rebase's work tree.")
     @_index_option
     @series_option
-    def rebase(onto, base, source, git_url, into, continue_, skip, abort, index_url, series_root):
+    def rebase(
+        onto, base, source, git_url, any_base, into, continue_, skip, abort, index_url, series_root
+    ):
         """Replay the series onto another release with 3-way merges, patch by patch.
 
         Each patch is clean, refreshed (its context moved), dropped because the release
@@ -133,7 +165,7 @@ def register(main: click.Group, series_option) -> None:
         action = actions[0] if actions else None
         try:
             result = rebase_command(
-                onto, base, into, source, git_url, action, series_root, index_url
+                onto, base, into, source, git_url, action, series_root, index_url, any_base
             )
         except RebaseStopped as stopped:
             click.echo(_render_steps(stopped.state))
@@ -154,7 +186,12 @@ def register(main: click.Group, series_option) -> None:
         click.echo(f"\nrange-diff v{result.state.base} -> v{result.state.onto}:")
         click.echo(result.range_diff or "(both series are empty)")
 
-    @main.command(epilog=EXIT_CODES_HELP)
+    @main.command(
+        epilog=command_epilog(
+            ["moe-patch checkout --vllm 0.21.0 work/series-0.20   # then edit with git, export"],
+            FETCHING | {EXIT_PATCH_FAILED, EXIT_STATE},
+        )
+    )
     @click.option(
         "--vllm", "vllm", metavar="VERSION", required=True, help="The release whose series to edit."
     )
@@ -173,7 +210,16 @@ def register(main: click.Group, series_option) -> None:
         click.echo(render_table(["patch", "commit", "subject"], rows))
         click.echo(f"edit with git on top of v{result.base}, then: moe-patch export {result.tree}")
 
-    @main.command(name="export", epilog=EXIT_CODES_HELP)
+    @main.command(
+        name="export",
+        epilog=command_epilog(
+            [
+                "moe-patch export work/series-0.20            # write the series files",
+                "moe-patch export --check work/series-0.20    # exit 10 if they are stale",
+            ],
+            {EXIT_USAGE, EXIT_INTEGRITY, EXIT_STATE, EXIT_EXPORT_STALE, EXIT_LOCAL_IO},
+        ),
+    )
     @click.argument(
         "directory", type=click.Path(file_okay=False, path_type=Path), default=".", required=False
     )

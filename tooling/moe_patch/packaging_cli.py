@@ -14,7 +14,16 @@ import click
 from . import installed
 from .commands.wheel import METHODS
 from .commands.wheel import wheel as wheel_command
-from .errors import EXIT_CODES_HELP, UsageError
+from .errors import (
+    EXIT_BUSY,
+    EXIT_LOCAL_IO,
+    EXIT_PATCH_FAILED,
+    EXIT_STATE,
+    EXIT_USAGE,
+    FETCHING,
+    UsageError,
+    command_epilog,
+)
 from .report import render_table
 
 _index_option = click.option(
@@ -28,6 +37,13 @@ target_option = click.option(
 )
 installed_flag = click.option(
     "--installed", "installed_", is_flag=True, help="Act on the vLLM installed in this environment."
+)
+# status and revert act only on an installed vLLM: the flag says so, and is required.
+installed_required = click.option(
+    "--installed",
+    "installed_",
+    is_flag=True,
+    help="Required: the vLLM installed in this environment (what this command acts on).",
 )
 
 
@@ -80,7 +96,15 @@ def _require_installed(flag: bool, command: str) -> None:
 
 
 def register(main: click.Group, series_option) -> None:
-    @main.command(epilog=EXIT_CODES_HELP)
+    @main.command(
+        epilog=command_epilog(
+            [
+                "moe-patch wheel --vllm 0.21 -o dist/         # then: pip install dist/vllm-*.whl",
+                "moe-patch wheel --vllm 0.21 --platform manylinux_2_28_aarch64",
+            ],
+            FETCHING | {EXIT_PATCH_FAILED},
+        )
+    )
     @click.option(
         "--vllm", "vllm", metavar="VERSION", help="Release: 0.21 (newest 0.21.x) or 0.21.0."
     )
@@ -131,8 +155,16 @@ def register(main: click.Group, series_option) -> None:
         )
         click.echo(result.to_json() if as_json else render_wheel(result))
 
-    @main.command(epilog=EXIT_CODES_HELP)
-    @installed_flag
+    @main.command(
+        epilog=command_epilog(
+            [
+                "moe-patch status --installed",
+                "moe-patch status --installed --target /opt/venv/lib/python3.12/site-packages",
+            ],
+            {EXIT_USAGE, EXIT_LOCAL_IO},
+        )
+    )
+    @installed_required
     @target_option
     @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report.")
     @series_option
@@ -142,8 +174,12 @@ def register(main: click.Group, series_option) -> None:
         report = installed.status(target, series_root)
         click.echo(report.to_json() if as_json else render_installed(report))
 
-    @main.command(epilog=EXIT_CODES_HELP)
-    @installed_flag
+    @main.command(
+        epilog=command_epilog(
+            ["moe-patch revert --installed"], {EXIT_USAGE, EXIT_BUSY, EXIT_STATE, EXIT_LOCAL_IO}
+        )
+    )
+    @installed_required
     @target_option
     @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report.")
     def revert(installed_, target, as_json):

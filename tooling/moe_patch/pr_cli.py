@@ -7,11 +7,19 @@ from pathlib import Path
 
 import click
 
-from .errors import EXIT_CODES_HELP, EXIT_PATCH_FAILED, EXIT_VERIFY_FAILED
+from .errors import EXIT_PATCH_FAILED, EXIT_STATE, EXIT_VERIFY_FAILED, FETCHING, command_epilog
 
 
 def register(main: click.Group, series_option) -> None:
-    @main.command(epilog=EXIT_CODES_HELP)
+    @main.command(
+        epilog=command_epilog(
+            [
+                "moe-patch pr --source ~/src/vllm --onto upstream/main",
+                "moe-patch pr --source ~/src/vllm --onto v0.33.0 --only jit-annotations",
+            ],
+            FETCHING | {EXIT_PATCH_FAILED, EXIT_STATE, EXIT_VERIFY_FAILED},
+        )
+    )
     @click.option(
         "--source",
         required=True,

@@ -153,6 +153,7 @@ def start(
     git_url: str | None = None,
     series_root: Path | None = None,
     index_url: str | None = None,
+    any_base: bool = False,
 ) -> RebaseResult:
     """Carry the series for ``base`` (default: the newest base older than ``onto``) onto
     release ``onto``; stops with :class:`RebaseStopped` at the first conflict."""
@@ -198,6 +199,7 @@ def start(
         source = source.expanduser().absolute()
         sources.check_vllm_tree(source)
         sources.warn_version_mismatch(sources.detect_version(source), onto, source)
+        sources.check_is_release(source, onto, any_base)
         work = sources.from_local(source, into, False, onto, mark=mark)
     elif git_url:
         work = sources.from_git_url(onto, into, git_url, mark=mark)
@@ -205,13 +207,8 @@ def start(
         work = sources.from_cache(onto, into, index_url, mark=mark)
     try:
         tree = work.path
-        gitutil.run(
-            tree,
-            "fetch",
-            "-q",
-            "--no-tags",
-            str(trees.release_repo(base, index_url)),
-            f"+refs/tags/{trees.release_tag(base)}:{BASE_REF}",
+        trees.fetch_release(
+            tree, base, f"+refs/tags/{trees.release_tag(base)}:{BASE_REF}", index_url
         )
         base_commit = gitutil.run(tree, "rev-parse", BASE_REF)
         applier.check_symlinks(tree, base_commit, old.patches)

@@ -86,3 +86,20 @@ def render_apply(report: ApplyReport) -> str:
         f"{table}\n"
         f"branch {report.branch}: {state}"
     )
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
+
+
+def render_clean(report) -> str:
+    """``moe-patch clean``'s table: what was (or would be) removed, and what was in use."""
+    verb = "would remove" if report.dry_run else "removed"
+    if not report.removed and not report.in_use:
+        return "nothing to clean"
+    lines = [
+        f"{verb} {item['path']} ({item['what']}, {_mib(item['bytes'])})" for item in report.removed
+    ]
+    lines += [f"kept {path}: another moe-patch run is using it" for path in report.in_use]
+    lines.append(f"{verb} {len(report.removed)} item(s), {_mib(report.bytes)}")
+    return "\n".join(lines)

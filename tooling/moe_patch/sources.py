@@ -102,22 +102,29 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def sweep_scratch(into: Path) -> list[Path]:
-    """Remove the scratch trees that killed runs left beside ``into``.
+def stale_scratch(into: Path) -> list[Path]:
+    """The scratch trees that killed runs left beside ``into``.
 
     A run builds its tree in ``.tmp-<into>-<pid>-XXXX`` and renames it to ``into`` at the
     end, so a folder of that name whose process is gone is what a kill left behind (up to
-    ~120 MB each); one of a live run is kept.
+    ~120 MB each); one of a live run is not listed.
     """
     pattern = re.compile(rf"\.tmp-{re.escape(into.name)}-(\d+)-\w+$")
-    removed = []
-    for path in into.parent.iterdir():
+    stale = []
+    for path in sorted(into.parent.iterdir()):
         found = pattern.match(path.name)
         if not found or path.is_symlink() or not path.is_dir():
             continue
         if not _alive(int(found.group(1))):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+            stale.append(path)
+    return stale
+
+
+def sweep_scratch(into: Path) -> list[Path]:
+    """Remove :func:`stale_scratch` of ``into``; the removed paths."""
+    removed = stale_scratch(into)
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
     return removed
 
 
@@ -265,6 +272,44 @@ def _git_reason(exc: git.GitCommandError) -> str:
     lines = [line.strip() for line in str(exc.stderr or "").splitlines() if line.strip()]
     reason = lines[-1] if lines else f"git exited with {exc.status}"
     return reason.removeprefix("stderr: ").strip("'")
+
+
+def check_is_release(source: Path, requested: str, any_base: bool = False) -> None:
+    """Refuse a --source that is not release ``requested`` (a git checkout whose HEAD is not
+    tagged with it; a tree whose PKG-INFO or vllm/_version.py does not say exactly it); with
+    ``any_base``, patch it anyway and say so."""
+    if (source / ".git").exists():
+        try:
+            tag = gitutil.run(source, "describe", "--tags", "--exact-match", "HEAD")
+        except git.GitCommandError:
+            tag = None
+        if tag is not None and _same_release(tag, requested):
+            return
+        head = gitutil.run(source, "rev-parse", "--short=12", "HEAD")
+        reason = f"its HEAD ({head}) is not tagged v{requested}"
+    else:
+        detected = detect_version(source)
+        if detected is not None and _same_release(detected, requested):
+            return
+        reason = (
+            f"it says it is vLLM {detected}"
+            if detected
+            else "it does not say which release it is (no PKG-INFO or vllm/_version.py)"
+        )
+    if any_base:
+        ui.warn(f"--any-base: patching {source} as vLLM {requested}, though {reason}")
+        return
+    raise UsageError(
+        f"--source {source} is not the vLLM {requested} release: {reason}; check out "
+        f"v{requested}, or pass --any-base to patch it as {requested} anyway"
+    )
+
+
+def _same_release(text: str, requested: str) -> bool:
+    try:
+        return Version(text.lstrip("v")) == Version(requested)
+    except InvalidVersion:
+        return False
 
 
 def warn_version_mismatch(detected: str | None, requested: str, source: Path) -> None:

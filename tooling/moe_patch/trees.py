@@ -56,6 +56,18 @@ def discard_if_damaged(version: str) -> bool:
     return True
 
 
+def fetch_release(tree: Path, version: str, refspec: str, index_url: str | None = None) -> None:
+    """``git fetch`` release ``version``'s tag from the cache into ``tree`` (``refspec`` names
+    where it goes); a damaged cached repository is rebuilt and the fetch tried once more."""
+    command = ["fetch", "-q", "--no-tags"]
+    try:
+        gitutil.run(tree, *command, str(release_repo(version, index_url)), refspec)
+    except git.GitCommandError:
+        if not discard_if_damaged(version):
+            raise
+        gitutil.run(tree, *command, str(release_repo(version, index_url)), refspec)
+
+
 def release_repo(version: str, index_url: str | None = None) -> Path:
     """The cached bare repository of release ``version``, building it if needed."""
     existing = cached_repo(version)

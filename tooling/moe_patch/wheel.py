@@ -122,6 +122,7 @@ def official_wheel(
     directory = cache.subdir("wheels")
     found = _cached(directory, candidates)
     if found:
+        _sweep_after_kill(directory, version)
         return found
     with cache.locked(f"wheel-vllm-{version}"):
         found = _cached(directory, candidates)  # another run may have fetched it meanwhile
@@ -129,6 +130,16 @@ def official_wheel(
             return found
         cache.remove_leftovers(directory, f"vllm-{version}")
         return _download(version, platform, platforms, settings, directory, listed)
+
+
+def _sweep_after_kill(directory: Path, version: str) -> None:
+    """Remove the scratch folder of a run killed after it put the wheel in place but before
+    its clean-up (under the entry's lock, so a live download's scratch is never touched)."""
+    name = f"vllm-{version}"
+    stale = (f".{name}.part-", f".tmp-{name}-")
+    if any(path.name.startswith(stale) for path in directory.iterdir()):
+        with cache.locked(f"wheel-{name}"):
+            cache.remove_leftovers(directory, name)
 
 
 def _cached(directory: Path, candidates) -> tuple[Path, index.Distribution] | None:

@@ -35,6 +35,7 @@ def apply(
     only: list[str] | None = None,
     index_url: str | None = None,
     series_root: Path | None = None,
+    any_base: bool = False,
 ) -> ApplyReport:
     if source and git_url:
         raise UsageError("give either --source or --git, not both")
@@ -53,6 +54,9 @@ def apply(
     version = resolve_version(vllm or detected, index_url, offline_ok=bool(source or git_url))
     if source:
         sources.warn_version_mismatch(detected, version, source)
+        sources.check_is_release(source, version, any_base)
+    elif any_base:
+        raise UsageError("--any-base is for a --source that is not a release; drop it")
     chosen = series.for_version(version, series_root)
     chosen.select(only)  # reject unknown ids before touching anything
 

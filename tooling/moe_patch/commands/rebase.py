@@ -19,6 +19,7 @@ def rebase(
     action: str | None = None,  # "continue" | "skip" | "abort"
     series_root: Path | None = None,
     index_url: str | None = None,
+    any_base: bool = False,
 ):
     """A :class:`~moe_patch.rebase.RebaseResult` (or the aborted state); raises
     :class:`~moe_patch.errors.RebaseStopped` when a patch conflicts."""
@@ -38,4 +39,4 @@ def rebase(
         onto = resolve_version(onto, index_url)
     if base is not None:
         base = str(versions.parse_spec(base))
-    return engine.start(onto, base, into, source, git_url, series_root, index_url)
+    return engine.start(onto, base, into, source, git_url, series_root, index_url, any_base)
