@@ -5,7 +5,8 @@ Each command runs in a subprocess, as a user starts it, so what reaches the term
 checked.  Conditions: no git identity; a git hook's GIT_DIR / GIT_WORK_TREE / GIT_INDEX_FILE
 pointing at an unrelated repository; commit signing that fails and hooks that fail; the target
 and TMPDIR on another filesystem (where /dev/shm is one); a cache that cannot be written; a
-damaged cached release; an index that answers with garbage.
+damaged cached release; an index that answers with garbage; a full disk (a tmpfs filled to its
+last pages, holding the cache, the target and TMPDIR: mounting it needs root).
 """
 
 from __future__ import annotations
@@ -51,6 +52,24 @@ def _damage_cached_release(cache: Path) -> None:
         path.write_bytes(bytes(data))
 
 
+def _full_filesystem(mountpoint: Path) -> Path:
+    """A small tmpfs at ``mountpoint`` with a few kilobytes left (skips where mounting one is
+    not allowed)."""
+    mountpoint.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a full tmpfs needs root")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()})")
+    free = shutil.disk_usage(mountpoint).free
+    (mountpoint / "filler").write_bytes(b"\0" * (free - 8192))
+    return mountpoint
+
+
 CONDITIONS = [
     "no-identity",
     "git-dir",
@@ -59,6 +78,7 @@ CONDITIONS = [
     "unwritable-cache",
     "damaged-cache",
     "malformed-listing",
+    "disk-full",
 ]
 COMMANDS = ["apply", "apply-installed", "wheel", "rebase", "checkout", "list", "clean"]
 
@@ -146,6 +166,12 @@ def test_command_under_condition(command, condition, world, tmp_path, monkeypatc
         env["MOE_PATCH_CACHE"] = str(fresh)
         if command not in ("list", "clean"):
             expected = {4}
+    elif condition == "disk-full":
+        work = _full_filesystem(tmp_path / "full")
+        env["MOE_PATCH_CACHE"] = str(work / "cache")
+        env["TMPDIR"] = str(work)
+        if command not in ("list", "clean"):
+            expected = {11}
     before = {name: tree_digest(path) for name, path in watched.items()}
     if condition == "git-dir":
         repo_state = (git(repo, "for-each-ref"), git(repo, "config", "--local", "--list"))
@@ -158,9 +184,13 @@ def test_command_under_condition(command, condition, world, tmp_path, monkeypatc
             text=True,
             timeout=300,
         )
+        leftovers = [p.name for p in work.parent.iterdir() if p.name.startswith(".tmp-")]
+        leftovers += [p.name for p in work.iterdir() if p.name.startswith(".tmp")]
     finally:
         if condition == "other-filesystem":
             shutil.rmtree(work, ignore_errors=True)
+        if condition == "disk-full":
+            subprocess.run(["umount", str(work)], check=True)
 
     output = result.stdout + result.stderr
     assert "Traceback" not in output, output
@@ -177,9 +207,4 @@ def test_command_under_condition(command, condition, world, tmp_path, monkeypatc
     assert after == before
     if condition == "git-dir":
         assert (git(repo, "for-each-ref"), git(repo, "config", "--local", "--list")) == repo_state
-    leftovers = (
-        [p.name for p in work.parent.iterdir() if p.name.startswith(".tmp-")]
-        if work.exists()
-        else []
-    )
     assert leftovers == []

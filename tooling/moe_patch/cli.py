@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from .errors import (
     EXIT_STATE,
     EXIT_USAGE,
     FETCHING,
+    LOCAL_IO_WORDS,
     MoePatchError,
     command_epilog,
 )
@@ -59,7 +59,7 @@ class _Group(click.Group):
             sys.exit(EXIT_LOCAL_IO)
         except git.GitCommandError as exc:
             click.secho(f"moe-patch: error: {_git_failure(exc)}", err=True, fg="red")
-            sys.exit(EXIT_LOCAL_IO if _LOCAL_IO.search(str(exc.stderr)) else EXIT_INTERNAL)
+            sys.exit(EXIT_LOCAL_IO if LOCAL_IO_WORDS.search(str(exc.stderr)) else EXIT_INTERNAL)
         except KeyboardInterrupt:
             click.secho("moe-patch: interrupted; run the same command again to finish", err=True)
             sys.exit(130)
@@ -77,18 +77,12 @@ class _Group(click.Group):
             sys.exit(EXIT_INTERNAL)
 
 
-# git's words for a local write or read that failed: the same advice as an OSError.
-_LOCAL_IO = re.compile(
-    r"No space left on device|Disk quota exceeded|Read-only file system|Permission denied"
-)
-
-
 def _git_failure(exc: git.GitCommandError) -> str:
     """One line for a git command that failed: which command and git's last words."""
     words = [line.strip() for line in str(exc.stderr or "").splitlines() if line.strip()]
     last = words[-1].removeprefix("stderr: ").strip("'") if words else f"exit {exc.status}"
     verb = exc.command[1] if isinstance(exc.command, list) and len(exc.command) > 1 else "git"
-    if _LOCAL_IO.search(str(exc.stderr)):
+    if LOCAL_IO_WORDS.search(str(exc.stderr)):
         return (
             f"git {verb} could not write ({last}); free space or fix permissions, "
             "then run the same command again"

@@ -8,6 +8,9 @@ exits with the error's code.  Exit codes are part of the interface (see
 
 from __future__ import annotations
 
+import errno
+import re
+
 EXIT_OK = 0
 EXIT_INTERNAL = 1  # a bug in moe-patch: one line (MOE_PATCH_DEBUG=1 shows the traceback)
 EXIT_USAGE = 2  # bad input: unknown version, bad option, bad source tree
@@ -57,6 +60,19 @@ def command_epilog(examples: list[str], codes: set[int]) -> str:
     (0 and 1, a bug, always)."""
     lines = ["\b", "Examples:", *(f"  {example}" for example in examples), ""]
     return "\n".join(lines + _codes_table({EXIT_OK, EXIT_INTERNAL, *codes})) + "\n"
+
+
+# A failed local read or write, in git's and pip's words and as errno values: exit 11, not the
+# error of the step that happened to be writing (an archive "not readable", a pip "network"
+# failure).
+LOCAL_IO_WORDS = re.compile(
+    r"No space left on device|Disk quota exceeded|Read-only file system|Permission denied"
+)
+LOCAL_IO_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def is_local_io(exc: OSError) -> bool:
+    return exc.errno in LOCAL_IO_ERRNOS
 
 
 class MoePatchError(Exception):

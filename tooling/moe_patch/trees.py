@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 import git
 
 from . import cache, download, gitutil, index, ui
-from .errors import IntegrityError, UsageError
+from .errors import IntegrityError, UsageError, is_local_io
 from .pipconfig import index_settings
 
 IDENTITY = ("moe-patch", "moe-patch@localhost")
@@ -163,14 +163,22 @@ def _extract(archive: Path, dest: Path) -> str:
             f"{archive.name} holds an unsafe member ({exc}); nothing of it was kept in "
             "the cache: the archive is not a genuine release"
         ) from None
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
-        raise IntegrityError(
-            f"{archive.name} is not a readable archive ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0].rstrip(':') if str(exc) else 'empty'}); "
-            "it was discarded: retry, and report it if it persists"
-        ) from None
+    except OSError as exc:
+        if is_local_io(exc):
+            raise  # disk full, permissions: the CLI says so (exit 11), not "a bad archive"
+        raise _unreadable(archive, exc) from None
+    except (tarfile.TarError, EOFError, zlib.error) as exc:
+        raise _unreadable(archive, exc) from None
     newest = max((m.mtime for m in members), default=0)
     return f"@{int(newest) or 315532800} +0000"
+
+
+def _unreadable(archive: Path, exc: Exception) -> IntegrityError:
+    return IntegrityError(
+        f"{archive.name} is not a readable archive ({type(exc).__name__}: "
+        f"{str(exc).splitlines()[0].rstrip(':') if str(exc) else 'empty'}); "
+        "it was discarded: retry, and report it if it persists"
+    )
 
 
 def _single_top_dir(unpacked: Path, archive: Path) -> Path:

@@ -44,7 +44,7 @@ from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelError, WheelFile
 
 from . import __version__, cache, index, release_diff, ui
-from .errors import IntegrityError, NetworkError, UsageError
+from .errors import LOCAL_IO_WORDS, IntegrityError, LocalIOError, NetworkError, UsageError
 from .pipconfig import IndexSettings, index_settings
 
 PROJECT = "vllm"
@@ -196,6 +196,12 @@ def _download(version, platform, platforms, settings: IndexSettings, directory, 
                     "sha256; the download was discarded: retry, and report it if it persists"
                 )
             lines = [ln.strip() for ln in (done.stderr or "").splitlines() if ln.strip()]
+            local = next((ln for ln in lines if LOCAL_IO_WORDS.search(ln)), None)
+            if local:
+                raise LocalIOError(
+                    f"pip could not write the vLLM {version} wheel into the cache ({local}); "
+                    "free space or fix permissions, then run the same command again"
+                )
             why = next((ln for ln in reversed(lines) if ln.startswith("ERROR")), None)
             raise NetworkError(
                 f"pip could not download the vLLM {version} wheel "
