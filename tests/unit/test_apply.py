@@ -1,6 +1,7 @@
 """``moe-patch apply`` end to end on synthetic releases served by a fake index."""
 
 import json
+import os
 
 from click.testing import CliRunner
 from moe_patch.cli import main
@@ -313,6 +314,19 @@ def test_git_url_clones_the_release_tag(fake_index, series_root, tmp_path):
     )
     assert bad.exit_code == 4 and "cannot clone tag v1.0.0" in bad.stderr
     assert not (tmp_path / "u").exists()
+    # A local path is cloned shallow too (git ignores --depth for plain paths).
+    local, report = apply_json(
+        "--vllm", "1.0.0", "--git", str(remote), "--into", str(tmp_path / "l")
+    )
+    assert local.exit_code == 0, local.output
+    assert git(tmp_path / "l", "rev-parse", "--is-shallow-repository") == "true"
+    # A remote without the release's tag is bad input, not a network failure.
+    untagged = run(
+        "apply", "--vllm", "1.1.0", "--git", remote.as_uri(), "--into", str(tmp_path / "w")
+    )
+    assert untagged.exit_code == 2, untagged.output
+    assert f"{remote.as_uri()} has no tag v1.1.0; check --vllm" in untagged.stderr
+    assert not (tmp_path / "w").exists()
 
 
 def test_foreign_commits_on_the_branch_are_protected(fake_index, series_root, tmp_path):
@@ -400,3 +414,32 @@ def test_source_that_is_not_the_release_needs_any_base(fake_index, series_root, 
     assert "--any-base: patching" in anyway.stderr and f"HEAD ({head})" in anyway.stderr
     assert tree_digest(source) == before
     assert run("apply", "--vllm", "1.0.0", "--any-base").exit_code == 2  # needs a --source
+
+
+def test_a_failing_patch_without_any_git_identity_leaves_no_am_behind(
+    fake_index, series_root, tmp_path, monkeypatch
+):
+    """With no identity git can use (none configured, and useConfigOnly so that git guesses
+    none from the host), the failed patch's `git am --abort` still runs: the identity moe-patch
+    commits with is passed to it too."""
+    fake_index.add("1.0.0")
+    rewritten = "# nothing of the old kernel is left\n"
+    fake_index.add("1.4.0", make_sdist("1.4.0", release_files("1.4.0", rewritten)))
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", "user.useConfigOnly")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", "true")
+    for key in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv("EMAIL", raising=False)
+    into = tmp_path / "t"
+    result = run("apply", "--vllm", "1.4.0", "--into", str(into))
+    assert result.exit_code == 3, result.output
+    assert "Traceback" not in result.output
+    assert not (into / ".git" / "rebase-apply").exists()
+    again = run("apply", "--vllm", "1.4.0", "--into", str(into))
+    assert again.exit_code == 3 and "middle of a git" not in again.stderr

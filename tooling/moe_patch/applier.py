@@ -136,12 +136,15 @@ def am(tree: Path, patch: Patch, three_way: bool) -> bool:
     args = ["am", "-q", "--keep", "--committer-date-is-author-date", "--keep-cr"]
     if three_way:
         args.append("-3")
+    identity = _identity(patch)
     try:
-        gitutil.run(tree, *args, str(patch.path), env=_identity(patch))
+        gitutil.run(tree, *args, str(patch.path), env=identity)
         return True
     except git.GitCommandError:
+        # --abort resets HEAD and writes a reflog entry: with no identity configured, git
+        # would refuse it and leave the tree in the middle of the am.
         with contextlib.suppress(git.GitCommandError):
-            gitutil.run(tree, "am", "--abort")
+            gitutil.run(tree, "am", "--abort", env=identity)
         return False
 
 
@@ -262,7 +265,9 @@ def _recover_interrupted(tree: Path) -> None:
     repo_dir = git_dir(tree)
     if (repo_dir / "rebase-apply").exists():
         with contextlib.suppress(git.GitCommandError):
-            gitutil.run(tree, "am", "--abort")
+            gitutil.run(
+                tree, "am", "--abort", env=gitutil.commit_env(*trees.IDENTITY, "@315532800 +0000")
+            )
     gitutil.run(tree, "reset", "-q", "--hard")
 
 

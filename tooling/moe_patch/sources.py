@@ -19,7 +19,14 @@ import git
 from packaging.version import InvalidVersion, Version
 
 from . import gitutil, trees, ui
-from .errors import BusyError, NetworkError, StateError, UsageError
+from .errors import (
+    LOCAL_IO_WORDS,
+    BusyError,
+    LocalIOError,
+    NetworkError,
+    StateError,
+    UsageError,
+)
 from .pipconfig import redact
 
 DEFAULT_REMOTE = "https://github.com/vllm-project/vllm.git"
@@ -181,6 +188,15 @@ def _clone_release(repo: Path, tmp: Path, version: str) -> None:
     )
 
 
+def _clone_url(url: str) -> str:
+    """``url`` as git should be given it: a local path as a file:// URL, so that ``--depth``
+    is honoured (git ignores it for plain paths and copies the whole history)."""
+    if "://" in url or url.startswith("git@"):
+        return url
+    path = Path(url).expanduser()
+    return path.absolute().as_uri() if path.exists() else url
+
+
 def from_git_url(version: str, into: Path, url: str, mark: Marker | None = None) -> WorkTree:
     tmp = _fresh_target(into)
     tag = trees.release_tag(version)
@@ -195,10 +211,21 @@ def from_git_url(version: str, into: Path, url: str, mark: Marker | None = None)
                 "--branch",
                 tag,
                 "--single-branch",
-                url,
+                _clone_url(url),
                 str(tmp),
             )
         except git.GitCommandError as exc:
+            said = str(exc.stderr or "")
+            if re.search(r"Remote branch \S+ not found|couldn't find remote ref", said):
+                raise UsageError(
+                    f"{redact(url)} has no tag {tag}; check --vllm, or give a remote that "
+                    "has the release's tag"
+                ) from None
+            if LOCAL_IO_WORDS.search(said):
+                raise LocalIOError(
+                    f"cannot write the clone of {tag} ({_git_reason(exc)}); free space or fix "
+                    "permissions, then run the same command again"
+                ) from None
             raise NetworkError(
                 f"cannot clone tag {tag} from {redact(url)} ({_git_reason(exc)}); "
                 "check the URL and that the tag exists"
