@@ -176,6 +176,9 @@ def test_branches_per_pending_patch_with_signoff_title_and_description(pr_series
     commands = by_id["jit-annotations"]["commands"]
     assert any(c.startswith("gh pr create --repo vllm-project/vllm") for c in commands)
     assert any(" push " in c and c.endswith("moe-patch/jit-annotations") for c in commands)
+    # --onto named a release tag: the branch is moved onto main before the pull request.
+    assert commands[0].startswith(f"git -C {clone} rebase --onto upstream/main v1.0.0 ")
+    assert " --base main " in commands[-1]
 
 
 def test_patch_already_upstream_at_the_target_gets_no_branch(pr_series, clone, tmp_path):
@@ -243,6 +246,54 @@ def test_refuses_dirty_tree(pr_series, clone, tmp_path, cli_env):
 def test_refuses_unknown_ref(pr_series, clone, tmp_path, cli_env):
     message, code = _refused(clone, tmp_path, "--onto", "v9.9.9", env=cli_env)
     assert "--onto v9.9.9 is not a branch, tag or commit" in message and code == 2
+
+
+def test_refuses_a_repository_that_is_not_vllm(pr_series, tmp_path, cli_env):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "README.md").write_text("not vLLM\n")
+    git(other, "init", "-q", "-b", "main")
+    git(other, "add", "-A")
+    git(other, "-c", "user.name=a", "-c", "user.email=a@b.invalid", "commit", "-qm", "x")
+    git(other, "tag", "v1.0.0")
+    message, code = _refused(other, tmp_path, "--onto", "v1.0.0", env=cli_env)
+    assert code == 2
+    assert message == (
+        f"moe-patch: error: v1.0.0 in {other} is not vLLM (it has no vllm/__init__.py); "
+        "point --source at a clone of vllm-project/vllm"
+    )
+
+
+def test_a_patch_that_does_not_apply_names_file_and_hunk_and_says_rebase(
+    pr_series, clone, tmp_path
+):
+    git(clone, "checkout", "-q", "main")
+    (clone / "vllm" / "extra.py").write_text("SOMETHING_ELSE = 1\n")
+    git(clone, "add", "vllm/extra.py")
+    git(clone, "commit", "-qm", "main moves on")
+    result = run("pr", "--source", str(clone), "--onto", "main", "--out", str(tmp_path / "o"))
+    assert result.exit_code == 3, result.output
+    details = [line.strip() for line in result.output.splitlines() if "nor on" in line]
+    assert details == [
+        "applies neither on main nor on moe-patch/jit-annotations (error: vllm/extra.py: "
+        "already exists in working directory); " + HINT,
+        "applies neither on main nor on moe-patch/jit-annotations (vllm/extra.py: hunk 1 "
+        "@@ -1,1 +1,2 @@ does not apply); " + HINT,
+    ]
+    assert "(the series for vLLM 1.0.0, the release main is or contains)" in result.output
+
+
+HINT = (
+    "carry the series there first: moe-patch rebase --onto 1.0.0, then run pr again with the "
+    "new series"
+)
+
+
+def test_the_pull_request_base_follows_onto():
+    assert pr.pr_base("main") == "main"
+    assert pr.pr_base("upstream/main") == "main"
+    assert pr.pr_base("v0.33.0") is None and pr.pr_base("0.33.0") is None
+    assert pr.pr_base("0123abcd") is None
 
 
 def test_title_and_body_helpers(pr_series):

@@ -127,7 +127,9 @@ def where_it_fails(patch: Patch, errors: str) -> str:
     if match:
         return f"{match.group(1)}: file does not exist in this tree"
     last = [line for line in errors.splitlines() if line.strip()]
-    return last[-1].strip() if last else "does not apply"
+    if not last:
+        return "does not apply"
+    return last[-1].strip().removeprefix("stderr:").strip().strip("'")  # GitPython's wrapping
 
 
 def am(tree: Path, patch: Patch, three_way: bool) -> bool:

@@ -241,6 +241,7 @@ class PrReport:
     onto: str
     onto_commit: str
     series_base: str
+    series_reason: str = ""
     outcomes: list[PrOutcome] = field(default_factory=list)
 
     @property
@@ -376,6 +377,30 @@ def _worktree(repo: Path, commit: str):
             gitutil.run(repo, "worktree", "prune")
 
 
+def _require_vllm(repo: Path, commit: str, name: str) -> None:
+    """Refuse a repository that is not vLLM before anything is downloaded or branched."""
+    try:
+        gitutil.run(repo, "cat-file", "-e", f"{commit}:vllm/__init__.py")
+    except git.GitCommandError:
+        raise UsageError(
+            f"{name} in {repo} is not vLLM (it has no vllm/__init__.py); point --source at "
+            "a clone of vllm-project/vllm"
+        ) from None
+
+
+def _where(work: Path, patch: Patch) -> str:
+    """The file and hunk where ``patch`` stops applying on the commit ``work`` is at."""
+    return applier.where_it_fails(patch, applier.apply_check(work, patch) or "")
+
+
+def _rebase_hint(version: str | None) -> str:
+    onto = version or "VERSION"
+    return (
+        f"carry the series there first: moe-patch rebase --onto {onto}, then run pr again "
+        "with the new series"
+    )
+
+
 def _apply(work: Path, patch: Patch, base_fetch) -> bool:
     if applier.apply_check(work, patch) is None and applier.am(work, patch, three_way=False):
         return True
@@ -488,11 +513,17 @@ def prepare(
     name, email = git_identity(source)
     gitutil.require_clean(repo, "--source checkout")
     onto_commit, onto_name = resolve_ref(source, onto)
+    _require_vllm(source, onto_commit, onto_name)
     version = ref_version(source, onto_commit, onto_name)
     known = series.bases(series_root)
     if not known:
         raise UsageError("there is no patch series to make pull requests from")
     base = series.base_for(version, series_root) if version else known[-1]
+    reason = (
+        f"the series for vLLM {version}, the release {onto_name} is or contains"
+        if version
+        else f"the newest series: {onto_name} contains no release tag (fetch tags to choose)"
+    )
     chosen = series.load(base, series_root)
     patches = chosen.select(only)
     existing = [
@@ -512,7 +543,7 @@ def prepare(
     if current in existing:
         raise StateError(f"{current} is checked out in {source}; switch branches first")
 
-    report = PrReport(str(source), onto_name, onto_commit, base)
+    report = PrReport(str(source), onto_name, onto_commit, base, reason)
     if out is None:  # beside the repository's refs, never in its working tree
         common = gitutil.run(source, "rev-parse", "--git-common-dir")
         out = (source / common).resolve() / "moe-patch-pr"
@@ -543,12 +574,18 @@ def prepare(
                 continue
             parent = onto_commit
             if not _apply(work, patch, base_fetch):
+                where = _where(work, patch)
                 if previous is None:
-                    outcome.detail = f"does not apply on {onto_name}"
+                    outcome.detail = (
+                        f"does not apply on {onto_name} ({where}); {_rebase_hint(version)}"
+                    )
                     continue
                 gitutil.run(work, "checkout", "-q", "--detach", previous.commit)
                 if not _apply(work, patch, base_fetch):
-                    outcome.detail = f"applies neither on {onto_name} nor on {previous.branch}"
+                    outcome.detail = (
+                        f"applies neither on {onto_name} nor on {previous.branch} ({where}); "
+                        f"{_rebase_hint(version)}"
+                    )
                     continue
                 parent = previous.commit
                 outcome.stacked_on = previous.branch
@@ -726,18 +763,34 @@ def _write_description(
     path = out / f"{patch.id}.md"
     path.write_text(description(patch, outcome, report))
     outcome.description = str(path)
-    base = "main"
+    base = pr_base(report.onto)
     title = (outcome.title or "").replace('"', '\\"')
     outcome.commands = [
         f"git -C {report.source} push {fork} {outcome.branch}",
-        f"gh pr create --repo {UPSTREAM_REPO} --base {base} --head <your-github-user>:"
-        f'{outcome.branch} --title "{title}" --body-file {path}',
+        f"gh pr create --repo {UPSTREAM_REPO} --base {base or 'main'} --head "
+        f'<your-github-user>:{outcome.branch} --title "{title}" --body-file {path}',
     ]
+    if base is None:  # a release tag: vLLM merges pull requests into main
+        outcome.commands.insert(
+            0,
+            f"git -C {report.source} rebase --onto upstream/main {report.onto} "
+            f"{outcome.branch}   # --onto was {report.onto}; the pull request goes to main",
+        )
+
+
+def pr_base(onto: str) -> str | None:
+    """The upstream branch a pull request from ``onto`` goes to: the branch itself (without
+    its remote), or None for a tag or a commit (then it goes to main after a rebase)."""
+    name = onto.rsplit("/", 1)[-1] if "/" in onto else onto
+    if re.fullmatch(r"v?\d+(\.\d+)+\S*|[0-9a-f]{7,40}", name):
+        return None
+    return name
 
 
 def render(report: PrReport) -> str:
     lines = [
-        f"target: {report.onto} ({report.onto_commit[:12]}), series base v{report.series_base}",
+        f"target: {report.onto} ({report.onto_commit[:12]}), series base v{report.series_base}"
+        + (f" ({report.series_reason})" if report.series_reason else ""),
     ]
     for o in report.outcomes:
         head = f"{o.id}: {o.status}"
