@@ -289,6 +289,72 @@ HINT = (
 )
 
 
+TEMPLATE = """<!-- markdownlint-disable -->
+
+## Overview
+
+<!-- What changes, in a line or two. -->
+
+## Claims
+
+<!-- Bullets. -->
+
+## Validation
+
+<!-- Evidence and how to reproduce it. -->
+
+## Details
+
+<!-- Why, and the trade-offs. -->
+
+## Anything else
+
+<!-- Optional. -->
+
+---
+
+<details>
+<summary> Checklist </summary>
+
+- [ ] A checklist item of the project.
+</details>
+
+A footer line of the project.
+"""
+
+
+def test_descriptions_fill_the_targets_own_template(pr_series, clone, tmp_path):
+    git(clone, "checkout", "-q", "main")
+    (clone / ".github").mkdir()
+    (clone / ".github" / "PULL_REQUEST_TEMPLATE.md").write_text(TEMPLATE)
+    git(clone, "add", ".github")
+    git(clone, "commit", "-qm", "a template")
+    out = tmp_path / "prs"
+    result = run("pr", "--source", str(clone), "--onto", "main", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    body = (out / "jit-annotations.md").read_text()
+    for heading in ("## Overview", "## Claims", "## Validation", "## Details", "## Anything else"):
+        assert body.count(heading) == 1, heading
+    assert "<!--" not in body.replace("<!-- markdownlint-disable -->", "")
+    overview = body.split("## Overview\n\n", 1)[1].split("\n\n## ", 1)[0]
+    assert overview == "Why jit-annotations exists."
+    assert "## Anything else\n\nNot applicable." in body
+    assert body.endswith(
+        "- [ ] A checklist item of the project.\n</details>\n\nA footer line of the project.\n"
+    )
+    assert "<paste" not in body and "<changed files>" not in body
+    assert "| 1.0.0 | sweep | 41 → 13 |" in body.split("## Claims", 1)[1].split("## Validation")[0]
+    assert "`pytest tests/kernels/moe/test_fused_moe_jit_specialization.py -v`" in body
+
+
+def test_a_recorded_command_with_machine_paths_is_not_quoted():
+    quoted = pr._runnable("python -m moe_kernels.jit_sweep --tree 1.0.0=/root/t --out /root/out/x")
+    assert "/root" not in quoted and "`python -m moe_kernels.jit_sweep`" in quoted
+    assert (
+        pr._runnable("python -m moe_kernels.bench --M 1") == "`python -m moe_kernels.bench --M 1`"
+    )
+
+
 def test_the_pull_request_base_follows_onto():
     assert pr.pr_base("main") == "main"
     assert pr.pr_base("upstream/main") == "main"

@@ -594,10 +594,14 @@ def prepare(
             previous = outcome
 
     fork = _fork_remote(source)
+    try:
+        template = gitutil.run(source, "show", f"{onto_commit}:{TEMPLATE_PATH}")
+    except git.GitCommandError:
+        template = None  # the target has no template: the default sections
     for outcome in report.outcomes:
         if outcome.branch:
             patch = next(p for p in patches if p.id == outcome.id)
-            _write_description(out, patch, outcome, report, fork)
+            _write_description(out, patch, outcome, report, fork, template)
     return report
 
 
@@ -723,45 +727,99 @@ def _bench_section(data: dict) -> str:
     return "\n".join(lines)
 
 
-def description(patch: Patch, outcome: PrOutcome, report: PrReport) -> str:
+TEMPLATE_PATH = ".github/PULL_REQUEST_TEMPLATE.md"
+# Which of our sections fills a heading of the target's pull-request template, by its words.
+_HEADING_KINDS = (
+    (("purpose", "overview", "summary"), "purpose"),
+    (("claim",), "claims"),
+    (("test plan",), "plan"),
+    (("test result",), "results"),
+    (("validation", "testing"), "validation"),
+    (("detail", "motivation", "design"), "details"),
+    (("documentation", "release note"), "documentation"),
+)
+_COMMENT = re.compile(r"<!--(?!\s*markdownlint).*?-->\s*", re.S)
+
+
+def description_sections(patch: Patch, outcome: PrOutcome) -> dict[str, str]:
+    """What a pull request for ``patch`` says, by kind of section."""
     plan = UPSTREAM.get(patch.id, DEFAULT_UPSTREAMING)
     tests = outcome.tests or []
     plan_lines = [f"- `pytest {t} -v`" for t in tests]
-    plan_lines.append("- `pre-commit run --files <changed files>` (ruff check, ruff format)")
+    changed = " ".join(sorted({*patch.files, *tests}))
+    plan_lines.append(f"- `pre-commit run --files {changed}` (ruff check, ruff format)")
     if plan.results:
         with contextlib.suppress(OSError, ValueError):
             data = json.loads((results_dir() / plan.results).read_text())
-            plan_lines.append(f"- benchmark: `{data.get('command', '?')}`")
+            plan_lines.append(f"- benchmark: {_runnable(data.get('command', ''))}")
     stacked = (
-        f"\n\nThis PR is stacked on `{outcome.stacked_on}`; merge that one first.\n"
+        f"\n\nThis PR is stacked on `{outcome.stacked_on}`; merge that one first."
         if outcome.stacked_on
         else ""
     )
-    test_results = [results_section(plan)]
+    results = [results_section(plan)]
     if tests:
-        test_results += [
-            "",
-            "New tests (moe-patch does not run them: they need vLLM on a GPU):",
-            "",
-        ]
-        test_results += [f"- `pytest {t}`: <paste the result here>" for t in tests]
+        results += ["", "New tests, to be run on a GPU with this branch installed:", ""]
+        results += [f"- `pytest {t} -v`" for t in tests]
     if outcome.lint:
-        test_results += ["", "Lint with the tree's own configuration:", ""]
-        test_results += [f"- {line}" for line in outcome.lint]
-    return (
-        "## Purpose\n\n"
-        f"{body_for(patch)}{stacked}\n\n"
-        "## Test Plan\n\n" + "\n".join(plan_lines) + "\n\n"
-        "## Test Result\n\n" + "\n".join(test_results) + "\n"
-    )
+        results += ["", "Lint with the tree's own configuration:", ""]
+        results += [f"- {line}" for line in outcome.lint]
+    body = body_for(patch)
+    return {
+        "purpose": body.split("\n\n", 1)[0] + stacked,
+        "claims": results_section(plan),
+        "validation": "\n".join(plan_lines) + "\n\n" + "\n".join(results),
+        "plan": "\n".join(plan_lines),
+        "results": "\n".join(results),
+        "details": body,
+        "documentation": "None: no user-facing documentation changes.",
+    }
+
+
+def _runnable(command: str) -> str:
+    """A recorded benchmark command as a reviewer can use it: one that names paths of the
+    machine that measured is given as the harness module it ran."""
+    if not command:
+        return "moe-patch's kernel harness (numbers below)"
+    if re.search(r"(^|[\s=])/", command):
+        module = next((w for w in command.split() if w.startswith("moe_kernels.")), None)
+        where = f"`python -m {module}`" if module else "the kernel harness"
+        return f"{where} of moe-patch's kernel harness (numbers below)"
+    return f"`{command}`"
+
+
+def description(
+    patch: Patch, outcome: PrOutcome, report: PrReport, template: str | None = None
+) -> str:
+    """The pull request's description: the target's own template (``TEMPLATE_PATH`` at
+    ``--onto``) with every section filled, its checklist and footer kept; without one,
+    Purpose / Test Plan / Test Result."""
+    sections = description_sections(patch, outcome)
+    if not template:
+        return (
+            f"## Purpose\n\n{sections['purpose']}\n\n## Test Plan\n\n{sections['plan']}\n\n"
+            f"## Test Result\n\n{sections['results']}\n"
+        )
+    head, rule, footer = template.partition("\n---\n")
+    out = []
+    for block in re.split(r"(?m)^(?=## )", _COMMENT.sub("", head)):
+        first, _, _ = block.partition("\n")
+        if not first.startswith("## "):
+            out.append(block.strip())
+            continue
+        heading = first[3:].strip().lower()
+        kind = next((k for words, k in _HEADING_KINDS if any(w in heading for w in words)), None)
+        out.append(f"{first}\n\n{sections.get(kind) or 'Not applicable.'}")
+    text = "\n\n".join(part for part in out if part) + "\n"
+    return (text + (rule + footer if rule else "")).rstrip("\n") + "\n"
 
 
 def _write_description(
-    out: Path, patch: Patch, outcome: PrOutcome, report: PrReport, fork: str
+    out: Path, patch: Patch, outcome: PrOutcome, report: PrReport, fork: str, template
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{patch.id}.md"
-    path.write_text(description(patch, outcome, report))
+    path.write_text(description(patch, outcome, report, template))
     outcome.description = str(path)
     base = pr_base(report.onto)
     title = (outcome.title or "").replace('"', '\\"')
