@@ -400,3 +400,18 @@ def test_benchmark_results_become_a_before_after_table(tmp_path, monkeypatch):
         "| s | layer | block | 2 | 90.0 | 90.0 | 1.00× |",
     ]
     assert "GPU: G" in text and "`python -m moe_kernels.bench …`" in text
+
+
+def test_a_placeholder_author_is_never_a_co_author(pr_series):
+    from moe_patch import series
+
+    patch = series.load("1.0.0").patches[0]
+    assert patch.author.endswith("@example.invalid>")
+    message = pr.commit_message(patch, "Jane Dev", "jane@users.noreply.github.com")
+    assert "Co-authored-by" not in message and "example.invalid" not in message
+    assert message.endswith("Signed-off-by: Jane Dev <jane@users.noreply.github.com>\n")
+    patch.author = "Ada Lovelace <ada@users.noreply.github.com>"
+    message = pr.commit_message(patch, "Jane Dev", "jane@users.noreply.github.com")
+    assert "Co-authored-by: Ada Lovelace <ada@users.noreply.github.com>" in message
+    shipped = "Seed e888ebcc maintainers <maintainers@users.noreply.a-seed-e888ebcc.example>"
+    assert pr.is_placeholder(shipped) and not pr.is_placeholder("A <a@vllm.ai>")

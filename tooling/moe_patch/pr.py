@@ -349,11 +349,22 @@ def body_for(patch: Patch) -> str:
     return "\n\n".join(paragraphs)
 
 
+# Domains reserved for examples and tests (RFC 2606, RFC 6761): an address there reaches no
+# one, so it never goes into a commit meant for upstream.
+_RESERVED_DOMAIN = re.compile(
+    r"@(.+\.)?(example|invalid|test|localhost|example\.(com|net|org))>?$", re.IGNORECASE
+)
+
+
+def is_placeholder(address: str) -> bool:
+    return bool(_RESERVED_DOMAIN.search(address.strip()))
+
+
 def commit_message(patch: Patch, name: str, email: str) -> str:
     lines = [title_for(patch), "", body_for(patch), ""]
     author = patch.author
     trailers = []
-    if author and email.lower() not in author.lower():
+    if author and email.lower() not in author.lower() and not is_placeholder(author):
         trailers.append(f"Co-authored-by: {author}")
     trailers.append(f"Signed-off-by: {name} <{email}>")
     return "\n".join(lines + trailers) + "\n"
