@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -434,8 +435,24 @@ def run_layer_case(variants, shape, quant, M, weights, gen, bandwidth) -> list[d
 
 
 def command_line(module: str, argv: list[str] | None) -> str:
-    """The command a result file records: this interpreter, ``-m module`` and its arguments."""
-    return " ".join([Path(sys.executable).name, "-m", module, *(argv or sys.argv[1:])])
+    """The command a result file records: this interpreter, ``-m module`` and its arguments,
+    with paths under the working directory (or $OUT, the GPU machine's output folder) written
+    relative to it, so that the record names no machine."""
+    args = [_portable(arg) for arg in (argv or sys.argv[1:])]
+    return " ".join([Path(sys.executable).name, "-m", module, *args])
+
+
+def _portable(arg: str) -> str:
+    prefix, sep, value = arg.rpartition("=") if "=" in arg else ("", "", arg)
+    if not value.startswith("/"):
+        return arg
+    path = Path(value)
+    for base, shown in ((os.environ.get("OUT"), "$OUT"), (os.getcwd(), None)):
+        if base and path.is_relative_to(base):
+            rel = path.relative_to(base).as_posix()
+            value = f"{shown}/{rel}" if shown else rel
+            break
+    return f"{prefix}{sep}{value}"
 
 
 def environment() -> dict:

@@ -225,3 +225,14 @@ def test_widen_without_seeds_is_refused(tmp_path, capsys):
         tune.main(["--tree=x=/nowhere", "--widen", "--out", str(tmp_path / "t.json")])
     assert exit_info.value.code == 2
     assert "--widen widens the seeds of --seeded-by" in capsys.readouterr().err
+
+
+def test_recorded_commands_name_no_machine_path(monkeypatch, tmp_path):
+    from moe_kernels.bench import command_line
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    argv = ["--tree", f"0.21.0={tmp_path}/trees/a", "--out", f"{tmp_path}/out/r.json", "--M", "1"]
+    assert command_line("moe_kernels.bench", argv).endswith(
+        "-m moe_kernels.bench --tree 0.21.0=trees/a --out $OUT/r.json --M 1"
+    )

@@ -348,8 +348,8 @@ def test_descriptions_fill_the_targets_own_template(pr_series, clone, tmp_path):
 
 
 def test_a_recorded_command_with_machine_paths_is_not_quoted():
-    quoted = pr._runnable("python -m moe_kernels.jit_sweep --tree 1.0.0=/root/t --out /root/out/x")
-    assert "/root" not in quoted and "`python -m moe_kernels.jit_sweep`" in quoted
+    quoted = pr._runnable("python -m moe_kernels.jit_sweep --tree 1.0.0=/srv/t --out /srv/out/x")
+    assert "/srv" not in quoted and "`python -m moe_kernels.jit_sweep`" in quoted
     assert (
         pr._runnable("python -m moe_kernels.bench --M 1") == "`python -m moe_kernels.bench --M 1`"
     )
