@@ -10,6 +10,9 @@ def test_github_matrix_runs_verify_per_release():
     assert "moe-patch verify --list" in text
     assert "fromJSON(needs.releases.outputs.releases)" in text
     assert "moe-patch verify --vllm ${{ matrix.vllm }}" in text
+    # The kernel tests run there too, installed as .ci/run installs them.
+    assert "python -m pytest tests/kernels" in text
+    assert "pip install -e '.[test]' -c .ci/constraints.txt" in text
 
 
 def test_local_ci_runs_verify_over_every_release():

@@ -184,7 +184,7 @@ def test_kill_apply_installed_at_many_points(fake_index, series_root, tmp_path, 
     duration = timed("apply", "--installed", "--target", str(site), env=env)
     patched = installed_digest(site)
 
-    outcomes, points = set(), KillPoints(duration, seed=13)
+    points = KillPoints(duration, seed=13)
     for delay in points:
         shutil.rmtree(site)
         shutil.copytree(pristine, site, symlinks=True)
@@ -201,14 +201,11 @@ def test_kill_apply_installed_at_many_points(fake_index, series_root, tmp_path, 
             cli("revert", "--installed", "--target", str(site), env=env)
             assert tree_digest(site) == before  # revert restores every byte
             cli("apply", "--installed", "--target", str(site), env=env)
-            outcomes.add("recovered")
         else:
             assert result.returncode == 0, result.stderr
-            outcomes.add("finished")
         assert installed_digest(site) == patched, f"kill at {delay:.2f} s"
         assert record_problems(site) == []
         assert leftovers(site) == [], f"kill at {delay:.2f} s"
-    assert outcomes  # which ones occur depends on timing; both are checked when they do
     points.check()
 
 
