@@ -78,6 +78,11 @@ def markdown(report: dict) -> str:
         f"{report['spec'].get('tensor_parallel_size', 1)}; each variant a fresh process with "
         "empty caches" + _placement(report),
     ]
+    if report["spec"].get("shared_deepgemm_cache"):
+        lines.append(
+            "- one DeepGEMM kernel cache shared by every engine (`--share-deepgemm-cache`): "
+            "start-up excludes building DeepGEMM's kernels except for the engine marked `cold`"
+        )
     if len(report.get("sessions", [])) > 1:
         lines.append(
             f"- measured in {len(report['sessions'])} device sessions (`--resume`); each "
@@ -185,6 +190,8 @@ def markdown(report: dict) -> str:
             if k in v
         )
         asked = v.get("requested_backend") or (f"env={v['fp8_env']}" if v.get("fp8_env") else "")
+        if v.get("deepgemm_cache"):
+            facts += f", DeepGEMM cache {v['deepgemm_cache']}"
         reason = f", because {v['moe_backend_reason']}" if v.get("moe_backend_reason") else ""
         jit = ", ".join(v.get("jit_during_inference", [])) or "none"
         lines.append(

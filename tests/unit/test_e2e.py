@@ -647,3 +647,30 @@ def test_flashinfer_comes_at_the_release_pin_and_changes_the_engine_environment(
     assert with_fi["FLASHINFER_WORKSPACE_BASE"] == str(tmp_path / "flashinfer")
     assert with_fi["VLLM_FP8_MOE_BACKEND"] == "flashinfer_cutlass"
     assert with_fi["PYTHONPATH"].split(os.pathsep)[:2] == ["p", str(tmp_path / "site-deps")]
+
+
+def test_a_shared_deepgemm_cache_is_marked_cold_for_the_engine_that_fills_it(monkeypatch, tmp_path):
+    shared = tmp_path / "deep_gemm-cache"
+    seen = []
+
+    def fake_engine(command, env, stdout, **kwargs):
+        seen.append(env["DG_JIT_CACHE_DIR"])
+        (Path(env["DG_JIT_CACHE_DIR"]) / "kernel.cubin").write_text("built")
+        spec = json.loads(Path(command[-1]).read_text())
+        Path(spec["out"]).write_text(json.dumps({"startup_s": 1.0}))
+        return types.SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(run.subprocess, "run", fake_engine)
+    staged = {"sites": {"patched": "p", "deps": "d"}, "models": str(tmp_path), "dependencies": []}
+    variant = {"name": "m-fp8-block-patched", "model": "m", "kind": "fp8-block", "wheel": "patched"}
+    variant["env"] = {"DG_JIT_CACHE_DIR": str(shared)}
+    first = run.run_variant(staged, variant, dict(run.DEFAULT_SPEC), tmp_path, 10)
+    second = run.run_variant(staged, variant, dict(run.DEFAULT_SPEC), tmp_path, 10)
+    assert (first["deepgemm_cache"], second["deepgemm_cache"]) == ("cold", "warm")
+    assert seen == [str(shared)] * 2 and first["result"] == {"startup_s": 1.0}
+
+
+def test_a_shared_deepgemm_cache_needs_one_gpu_slot(staged_dir, tmp_path):
+    args = ["--staged", str(staged_dir), "--model", "qwen3-30b-a3b", "--out", str(tmp_path / "r")]
+    with pytest.raises(SystemExit):
+        run.main([*args, "--share-deepgemm-cache", "--gpus", "0,1"])
