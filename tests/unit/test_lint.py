@@ -27,7 +27,7 @@ def test_ruff(args):
 
 # Where a file of the repository would name the machine it was made on: a home or work
 # directory, the GPU machine's output folder, pytest's temporary folders.
-MACHINE_PATH = r"(^|[^\w$.])/(root|home/[\w.-]+|Users/[\w.-]+|work/main|tmp/pytest-of-[\w-]+)/"
+MACHINE_PATH = r"(^|[^\w$.])/(root|work|farm|home/[\w.-]+|Users/[\w.-]+|tmp/pytest-of-[\w-]+)/"
 
 
 def test_no_tracked_file_names_a_machine_path():
