@@ -64,14 +64,14 @@ def _scratch_owner(name: str) -> str | None:
     return None
 
 
-def _lock_for(folder: str, entry: str) -> str | None | bool:
-    """The lock ``entry`` of cache ``folder`` is built under; None for none; False when the
-    name is not one moe-patch makes."""
+def _ours(folder: str, entry: str) -> tuple[bool, str | None]:
+    """Whether ``entry`` is a name moe-patch makes in cache ``folder``, and the lock it is
+    built under (None: written atomically, no lock)."""
     pattern, lock = _ENTRIES[folder]
     found = pattern.fullmatch(entry)
     if not found:
-        return False
-    return lock.format(**found.groupdict()) if lock else None
+        return False, None
+    return True, lock.format(**found.groupdict()) if lock else None
 
 
 def _remove(path: Path) -> None:
@@ -97,10 +97,9 @@ def clean(everything: bool = False, into: Path | None = None, dry_run: bool = Fa
             what = "leftover" if owner is not None else "entry"
             if owner is None and not everything:
                 continue
-            lock = _lock_for(folder, owner if owner is not None else path.name)
-            if lock is False:
-                continue
-            _take(report, path, what, lock, dry_run)
+            ours, lock = _ours(folder, owner if owner is not None else path.name)
+            if ours:
+                _take(report, path, what, lock, dry_run)
     if into is not None:
         into = into.expanduser().absolute()
         if into.parent.is_dir():
