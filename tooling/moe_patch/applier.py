@@ -126,10 +126,7 @@ def where_it_fails(patch: Patch, errors: str) -> str:
     match = _DOES_NOT_EXIST.search(errors)
     if match:
         return f"{match.group(1)}: file does not exist in this tree"
-    last = [line for line in errors.splitlines() if line.strip()]
-    if not last:
-        return "does not apply"
-    return last[-1].strip().removeprefix("stderr:").strip().strip("'")  # GitPython's wrapping
+    return gitutil.last_words(errors) or "does not apply"
 
 
 def am(tree: Path, patch: Patch, three_way: bool) -> bool:

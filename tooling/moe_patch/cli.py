@@ -79,8 +79,7 @@ class _Group(click.Group):
 
 def _git_failure(exc: git.GitCommandError) -> str:
     """One line for a git command that failed: which command and git's last words."""
-    words = [line.strip() for line in str(exc.stderr or "").splitlines() if line.strip()]
-    last = words[-1].removeprefix("stderr: ").strip("'") if words else f"exit {exc.status}"
+    last = gitutil.last_words(str(exc.stderr or "")) or f"exit {exc.status}"
     verb = exc.command[1] if isinstance(exc.command, list) and len(exc.command) > 1 else "git"
     if LOCAL_IO_WORDS.search(str(exc.stderr)):
         return (

@@ -115,6 +115,15 @@ def require_clean(repo: git.Repo, what: str) -> None:
             )
 
 
+def last_words(output: str) -> str | None:
+    """The last non-empty line of git's output, without GitPython's ``stderr: '…'`` wrapping
+    (None when git said nothing)."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    if not lines:
+        return None
+    return lines[-1].removeprefix("stderr:").strip().strip("'")
+
+
 def commit_env(name: str, email: str, date: str) -> dict[str, str]:
     return {
         "GIT_AUTHOR_NAME": name,

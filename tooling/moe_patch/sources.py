@@ -296,9 +296,7 @@ def existing(into: Path, version: str, recorded_base: str | None) -> WorkTree:
 
 
 def _git_reason(exc: git.GitCommandError) -> str:
-    lines = [line.strip() for line in str(exc.stderr or "").splitlines() if line.strip()]
-    reason = lines[-1] if lines else f"git exited with {exc.status}"
-    return reason.removeprefix("stderr: ").strip("'")
+    return gitutil.last_words(str(exc.stderr or "")) or f"git exited with {exc.status}"
 
 
 def check_is_release(source: Path, requested: str, any_base: bool = False) -> None:

@@ -45,8 +45,7 @@ def discard_if_damaged(version: str) -> bool:
         gitutil.run(repo, "rev-parse", "--verify", "-q", f"{release_tag(version)}^{{tree}}")
         return False
     except git.GitCommandError as exc:
-        words = [w for w in str(exc.stderr or "").splitlines() if w.strip()]
-        why = words[-1].strip().removeprefix("stderr: ").strip("'") if words else "fsck failed"
+        why = gitutil.last_words(str(exc.stderr or "")) or "fsck failed"
     with cache.locked(f"vllm-{version}"):
         if repo.is_dir():
             doomed = Path(tempfile.mkdtemp(dir=repo.parent, prefix=f".tmp-{repo.name}-"))
