@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from moe_patch import pr, verify
+from moe_patch import lint, pr
 
 pytestmark = [pytest.mark.release, pytest.mark.network]
 
@@ -48,7 +48,8 @@ def test_branches_only_for_patches_upstream_lacks(made):
 def test_commits_are_signed_off_titled_and_lint_clean(made):
     work, report, _, _ = made
     tag = git(work, "rev-parse", "v0.33.0")
-    ruff = verify.ruff_binary()
+    ruff = lint.ruff_for(work)
+    assert ruff.version == lint.pinned_version(work) == "0.14.0"  # vLLM's pre-commit pin
     config = ["--config", str(work / "pyproject.toml")]
     for outcome in report.outcomes:
         if not outcome.branch:
@@ -59,13 +60,14 @@ def test_commits_are_signed_off_titled_and_lint_clean(made):
         assert title.split("] ", 1)[0] in ("[Perf", "[Kernel")
         assert message.rstrip().endswith("Signed-off-by: Jane Dev <jane@example.invalid>")
         assert all(": pass " in line for line in outcome.lint), outcome.lint
+        assert all("ruff 0.14.0" in line for line in outcome.lint), outcome.lint
         assert outcome.tests and all(t.startswith("tests/kernels/moe/test_") for t in outcome.tests)
         for path in outcome.tests:
             text = git(work, "show", f"{outcome.branch}:{path}") + "\n"
             assert text.startswith(pr.SPDX_LINES)
             for args in (["check", "--no-cache"], ["format", "--check", "--no-cache"]):
                 proc = subprocess.run(
-                    [ruff, *args, *config, "--stdin-filename", path, "-"],
+                    [ruff.path, *args, *config, "--stdin-filename", path, "-"],
                     cwd=work,
                     input=text,
                     capture_output=True,
@@ -97,7 +99,15 @@ def test_pr_bodies_follow_the_template_with_the_measured_numbers(made):
             f"{a['stalls']} | {b['stall_seconds']:.2f} → {a['stall_seconds']:.2f} |"
         ) in body
     backend = (out / "backend-selector.md").read_text()
-    assert "No head-to-head benchmark" in backend
+    e2e = json.loads((pr.results_dir() / "e2e/h200-e2e-qwen3-30b-a3b-dynamic-ct.json").read_text())
+    for variant in e2e["variants"]:  # every engine's row, with the backend it ran
+        assert f"| {variant['name']} | {variant['moe_backend']} | " in backend
+    assert "vllm bench latency --model Qwen/Qwen3-30B-A3B-FP8" in backend
+    split_k = (out / "swap-ab-split-k.md").read_text()
+    assert "python benchmarks/kernels/benchmark_moe.py --model deepseek-ai/DeepSeek-V3" in split_k
+    assert "Before: vLLM 0.33.0 as released" in split_k
+    for text in (body, backend, split_k):
+        assert "/root/" not in text and "/home/" not in text and "/tmp/" not in text
 
 
 def test_no_git_identity_is_refused_and_changes_nothing(made, tmp_path):

@@ -39,6 +39,16 @@ RESULTS = {
 }
 
 
+JIT_TEST = "tests/kernels/moe/test_fused_moe_jit_specialization.py"
+JIT_TEST_TEXT = '''"""The kernel does not specialise on token counts."""
+
+
+def test_it():
+    assert sum([1, 2]) == 3
+'''
+JIT_BENCHMARK = "vllm bench latency --model org/a-model --batch-size 1"
+
+
 @pytest.fixture
 def pr_series(tmp_path, monkeypatch):
     root = tmp_path / "patches"
@@ -53,6 +63,10 @@ def pr_series(tmp_path, monkeypatch):
                 "trailers": [
                     "Upstream-Status: Pending",
                     JIT_PROBE,
+                    "Upstream-Tag: [Perf]",
+                    f"Upstream-Test: {JIT_TEST}",
+                    "Upstream-Results: h200-jit-sweep.json",
+                    f"Upstream-Benchmark: {JIT_BENCHMARK}",
                     f"Signed-off-by: {PATCH_AUTHOR}",
                 ],
             },
@@ -80,6 +94,8 @@ def pr_series(tmp_path, monkeypatch):
             },
         ],
     )
+    (root / "upstream" / JIT_TEST).parent.mkdir(parents=True)
+    (root / "upstream" / JIT_TEST).write_text(pr.SPDX_LINES + JIT_TEST_TEXT)
     monkeypatch.setenv("MOE_PATCH_SERIES", str(root))
     results = tmp_path / "results"
     results.mkdir()
@@ -145,7 +161,7 @@ def test_branches_per_pending_patch_with_signoff_title_and_description(pr_series
         message = git(clone, "log", "-1", "--format=%B", branch)
         titles[branch] = message.splitlines()[0]
         assert message.rstrip().endswith("Signed-off-by: Jane Dev <jane@example.invalid>")
-        assert "Upstream-Status" not in message and "Upstream-Probe" not in message
+        assert "Upstream-" not in message  # the series' own trailers stay in the series
         assert (
             git(clone, "log", "-1", "--format=%an <%ae>", branch)
             == "Jane Dev <jane@example.invalid>"
@@ -158,10 +174,10 @@ def test_branches_per_pending_patch_with_signoff_title_and_description(pr_series
         clone, "rev-parse", "moe-patch/feature"
     )
 
-    test_file = "tests/kernels/moe/test_fused_moe_jit_specialization.py"
-    added = git(clone, "show", f"moe-patch/jit-annotations:{test_file}")
-    assert added.startswith(pr.SPDX_LINES.rstrip("\n"))
-    assert by_id["jit-annotations"]["tests"] == [test_file]
+    added = git(clone, "show", f"moe-patch/jit-annotations:{JIT_TEST}") + "\n"
+    assert added == (pr_series / "upstream" / JIT_TEST).read_text()  # the series' file, as is
+    assert by_id["jit-annotations"]["tests"] == [JIT_TEST]
+    assert git(clone, "ls-tree", "-r", "--name-only", "moe-patch/feature").count("tests/") == 0
     assert all(line.split(":")[1].startswith(" pass") for line in by_id["jit-annotations"]["lint"])
 
     body = (out / "jit-annotations.md").read_text()
@@ -172,6 +188,7 @@ def test_branches_per_pending_patch_with_signoff_title_and_description(pr_series
         assert text in body
     assert "| 1.0.0 | sweep | 41 → 13 | 23 → 5 | 17.12 → 3.25 |" in body
     assert "| 1.0.0 | trace | 43 → 17 | 29 → 7 | 19.50 → 4.75 |" in body
+    assert f"on the base branch, then on this one: `{JIT_BENCHMARK}`" in body
     assert "stacked on `moe-patch/feature`" in (out / "on-feature.md").read_text()
     commands = by_id["jit-annotations"]["commands"]
     assert any(c.startswith("gh pr create --repo vllm-project/vllm") for c in commands)
@@ -415,3 +432,36 @@ def test_a_placeholder_author_is_never_a_co_author(pr_series):
     assert "Co-authored-by: Ada Lovelace <ada@users.noreply.github.com>" in message
     shipped = "Seed e888ebcc maintainers <maintainers@users.noreply.a-seed-e888ebcc.example>"
     assert pr.is_placeholder(shipped) and not pr.is_placeholder("A <a@vllm.ai>")
+
+
+def test_an_end_to_end_report_is_shown_per_engine(tmp_path, monkeypatch):
+    from moe_patch.upstreaming import Upstreaming
+
+    def engine(name, backend, tpot, rate):
+        decode = {str(b): {"median_ms": t} for b, t in zip((1, 16), tpot, strict=True)}
+        prefill = {"4000": {"median_ms": tpot[0] * 20}}
+        result = {"prefill": prefill, "decode": decode, "throughput": {"output_tokens_per_s": rate}}
+        return {"name": name, "moe_backend": backend, "result": result}
+
+    report = {
+        "vllm": "1.0.0",
+        "model": "a-moe",
+        "command": "python -m moe_e2e.run --staged staged --out here",
+        "environment": {"gpu": "Test GPU 9000", "torch": "9.9.9", "triton": "8.8.8"},
+        "spec": {"prefill_lens": [4000], "decode_batches": [1, 16]},
+        "variants": [
+            engine("a-moe-official", "VLLM_CUTLASS", (5.14, 9.61), 2456.4),
+            engine("a-moe-patched", "TRITON", (3.92, 8.33), 2757.0),
+            {"name": "a-moe-broken", "returncode": 1, "result": None},
+        ],
+    }
+    (tmp_path / "e2e").mkdir()
+    (tmp_path / "e2e" / "run.json").write_text(json.dumps(report))
+    monkeypatch.setenv("MOE_PATCH_RESULTS", str(tmp_path))
+    text = pr.results_section(Upstreaming(results="e2e/run.json"))
+    assert "vLLM 1.0.0 wheels" in text and "Test GPU 9000" in text
+    assert "| engine | MoE backend | TTFT 4000 tok | TPOT B=1 | TPOT B=16 | tok/s |" in text
+    assert "| a-moe-official | VLLM_CUTLASS | 102.80 | 5.14 | 9.61 | 2456 |" in text
+    assert "| a-moe-patched | TRITON | 78.40 | 3.92 | 8.33 | 2757 |" in text
+    assert "a-moe-broken" not in text  # an engine that did not run has no row
+    assert "`python -m moe_e2e.run --staged staged --out here`" in text

@@ -77,6 +77,15 @@ def test_series_integrity_problems_are_named(fake_index, tmp_path, monkeypatch):
                 "edit": {"vllm/b.py": "B = 1\n"},
                 "trailers": ["Upstream-Status: Maybe", f"Signed-off-by: {PATCH_AUTHOR}"],
             },
+            {
+                "id": "notest",
+                "edit": {"vllm/c.py": "C = 1\n"},
+                "trailers": [
+                    "Upstream-Status: Pending",
+                    "Upstream-Test: tests/kernels/moe/test_c.py",
+                    f"Signed-off-by: {PATCH_AUTHOR}",
+                ],
+            },
         ],
     )
     (root / "v1.0.0" / "stray.patch").write_bytes((root / "v1.0.0" / "nosob.patch").read_bytes())
@@ -89,6 +98,7 @@ def test_series_integrity_problems_are_named(fake_index, tmp_path, monkeypatch):
     assert "nosob.patch: no Signed-off-by trailer" in detail
     assert "badstatus.patch: Upstream-Status 'Maybe' is not one of" in detail
     assert "stray.patch is not listed in series" in detail
+    assert "notest.patch names Upstream-Test tests/kernels/moe/test_c.py, which is not in" in detail
     errors = [line for line in result.stderr.splitlines() if "error" in line]
     assert errors == ["moe-patch: error: verify failed: v1.0.0 series-integrity"]
 
@@ -158,9 +168,10 @@ def test_compile_and_ruff_use_the_trees_own_configuration(fake_index, tmp_path, 
             assert "pyproject.toml" in found["ruff-check"][1]
         elif name == "style":
             assert found["ruff-check"][0] == "pass"
-            assert found["ruff-format"] == (
-                "fail",
-                "would reformat the patched lines of vllm/style.py [pyproject.toml]",
+            status, detail = found["ruff-format"]
+            assert status == "fail"
+            assert detail.startswith(
+                "would reformat the patched lines of vllm/style.py [pyproject.toml, ruff "
             )
         else:
             assert found["compile"][0] == "fail" and "vllm/bad.py:1" in found["compile"][1]

@@ -24,7 +24,8 @@ directory; branches are shared refs, so they appear in the user's repository and
 worktree is removed afterwards.  The user's HEAD, branch and working tree are untouched.
 
 The PR title's tag comes from an ``Upstream-Title:`` trailer in the patch when it has one
-(the whole title), else from :data:`UPSTREAM` below, else ``[Misc]``.
+(the whole title), else ``Upstream-Tag:`` and the subject, else ``[Misc]`` and the subject.
+Every other upstreaming fact is a trailer too: see :func:`upstreaming`.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ from pathlib import Path
 import git
 from packaging.version import InvalidVersion, Version
 
-from . import applier, gitutil, series, verify
+from . import applier, gitutil, lint, series, verify
 from .errors import MoePatchError, StateError, UsageError
 from .patchfile import Patch
+from .upstreaming import Upstreaming, upstreaming
 
 DEFAULT_PREFIX = "moe-patch/"
 SPDX_LINES = (
@@ -59,6 +61,10 @@ SERIES_TRAILERS = {
     "patch-filename",
     "signed-off-by",
     "upstream-title",
+    "upstream-tag",
+    "upstream-test",
+    "upstream-results",
+    "upstream-benchmark",
 }
 
 # Outcomes per patch.
@@ -70,152 +76,7 @@ BRANCH, STACKED, SKIPPED_INAPPROPRIATE, SKIPPED_UPSTREAM, FAILED = (
     "failed",
 )
 
-_JIT_TEST = '''\
-"""fused_moe_kernel must not specialise on per-batch token counts.
 
-Triton specialises integer arguments on ``== 1`` and ``% 16 == 0``; EM and
-num_valid_tokens change with every batch, so specialising on them compiles new
-kernel variants on the request path.
-
-Run `pytest tests/kernels/moe/test_fused_moe_jit_specialization.py`.
-"""
-
-import pytest
-
-from vllm.model_executor.layers.fused_moe.fused_moe import fused_moe_kernel
-
-
-def _not_specialized() -> set[str]:
-    names = list(fused_moe_kernel.arg_names)
-    return {
-        names[arg] if isinstance(arg, int) else arg
-        for arg in fused_moe_kernel.do_not_specialize
-    }
-
-
-@pytest.mark.parametrize("arg", ["EM", "num_valid_tokens"])
-def test_fused_moe_kernel_does_not_specialize_token_counts(arg: str):
-    assert arg in fused_moe_kernel.arg_names
-    assert arg in _not_specialized()
-'''
-
-_SPLIT_K_TEST = '''\
-"""split_k_for: a tuned config's SPLIT_K splits fused_moe_kernel's K loop only for
-FP8 W8A8, and only while the GEMM's grid is smaller than the GPU.
-pipeline_depth_for: a Swap-AB launch pipelines its K loop over no more stages
-than the loop has steps.
-
-Run `pytest tests/kernels/moe/test_fused_moe_split_k.py`.
-"""
-
-import pytest
-import torch
-
-from vllm.model_executor.layers.fused_moe import fused_moe
-
-SM_COUNT = 132
-DEVICE = torch.device("cpu")
-
-
-@pytest.fixture(autouse=True)
-def _sm_count(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(
-        fused_moe.current_platform,
-        "num_compute_units",
-        lambda device_id=0: SM_COUNT,
-        raising=False,
-    )
-
-
-@pytest.mark.parametrize("split_k", [2, 4])
-def test_split_k_while_the_grid_is_smaller_than_the_gpu(split_k: int):
-    assert fused_moe.split_k_for(True, split_k, SM_COUNT - 1, DEVICE) == split_k
-    assert fused_moe.split_k_for(True, split_k, SM_COUNT, DEVICE) == 1
-
-
-@pytest.mark.parametrize("programs", [1, SM_COUNT - 1])
-def test_no_split_k_without_fp8_or_without_asking(programs: int):
-    assert fused_moe.split_k_for(False, 4, programs, DEVICE) == 1
-    assert fused_moe.split_k_for(True, 1, programs, DEVICE) == 1
-
-
-def test_pipeline_no_deeper_than_the_k_loop():
-    # DeepSeek-V3's second GEMM at TP8: K = 256, two 128-deep steps
-    assert fused_moe.pipeline_depth_for(4, 256, 128, 1) == 2
-    # its first GEMM keeps the tuned depth, even split four ways
-    assert fused_moe.pipeline_depth_for(4, 7168, 128, 4) == 4
-
-
-def test_pipeline_depth_counts_scale_blocks_and_keeps_two_stages():
-    assert fused_moe.pipeline_depth_for(4, 768, 256, 1) == 3
-    assert fused_moe.pipeline_depth_for(4, 768, 256, 1, [128, 128]) == 4
-    assert fused_moe.pipeline_depth_for(3, 128, 128, 1) == 2
-'''
-
-_BACKEND_TEST = '''\
-"""VLLM_FP8_MOE_BACKEND names the FP8 MoE backend as --moe-backend does.
-
-Run `pytest tests/kernels/moe/test_fp8_moe_backend_env.py`.
-"""
-
-import pytest
-
-import vllm.envs as envs
-
-
-def test_fp8_moe_backend_env_defaults_to_auto(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv("VLLM_FP8_MOE_BACKEND", raising=False)
-    assert envs.VLLM_FP8_MOE_BACKEND == "auto"
-
-
-@pytest.mark.parametrize("value", ["triton", "TRITON", "flashinfer_cutlass"])
-def test_fp8_moe_backend_env_accepts_moe_backend_names(
-    monkeypatch: pytest.MonkeyPatch, value: str
-):
-    monkeypatch.setenv("VLLM_FP8_MOE_BACKEND", value)
-    assert envs.VLLM_FP8_MOE_BACKEND.lower() == value.lower()
-
-
-def test_fp8_moe_backend_env_rejects_unknown_names(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("VLLM_FP8_MOE_BACKEND", "not-a-backend")
-    with pytest.raises(ValueError):
-        _ = envs.VLLM_FP8_MOE_BACKEND
-'''
-
-
-@dataclass(frozen=True)
-class Upstreaming:
-    """How one patch of the series goes upstream."""
-
-    tag: str  # vLLM PR title tag
-    tests: dict[str, str] = field(default_factory=dict)  # path -> content (SPDX added)
-    results: str | None = None  # benchmark results file under kernels/results/
-    no_benchmark: str = ""  # Test Result text when there is no head-to-head benchmark
-
-
-UPSTREAM: dict[str, Upstreaming] = {
-    "jit-annotations": Upstreaming(
-        tag="[Perf]",
-        tests={"tests/kernels/moe/test_fused_moe_jit_specialization.py": _JIT_TEST},
-        results="h200-jit-sweep.json",
-    ),
-    "backend-selector": Upstreaming(
-        tag="[Kernel]",
-        tests={"tests/kernels/moe/test_fp8_moe_backend_env.py": _BACKEND_TEST},
-        no_benchmark=(
-            "No head-to-head benchmark of the Triton and CUTLASS-based FP8 MoE backends "
-            "was run for this change; the reasoning and the measurements it rests on are "
-            "in Purpose. Deployments that measure otherwise can restore their previous "
-            "backend with `VLLM_FP8_MOE_BACKEND=<name>` or `--moe-backend`."
-        ),
-    ),
-    "swap-ab-split-k": Upstreaming(
-        tag="[Perf]",
-        tests={"tests/kernels/moe/test_fused_moe_split_k.py": _SPLIT_K_TEST},
-        results="h200-split-k-0.33-layer-bench.json",
-    ),
-}
-DEFAULT_UPSTREAMING = Upstreaming(tag="[Misc]")
 # Token counts the PR description's benchmark table shows (decode sizes).
 PR_TABLE_M = (1, 2, 4, 8, 16, 32, 64)
 
@@ -328,7 +189,7 @@ def title_for(patch: Patch) -> str:
     explicit = patch.trailer("Upstream-Title")
     if explicit:
         return explicit
-    tag = UPSTREAM.get(patch.id, DEFAULT_UPSTREAMING).tag
+    tag = upstreaming(patch).tag
     subject = re.sub(r"^[\w./-]+:\s+", "", patch.subject)  # "fused_moe: do x" -> "do x"
     return f"{tag} {subject[:1].upper()}{subject[1:]}"
 
@@ -423,25 +284,6 @@ def _apply(work: Path, patch: Patch, base_fetch) -> bool:
     return bool(base_fetch()) and applier.am(work, patch, three_way=True)
 
 
-def _ruff_fix(ruff: str, work: Path, files: list[str], base: str) -> None:
-    """Let ruff fix the patch's lines in files that were clean before the patch."""
-    config, _ = verify.ruff_config(work)
-    for name in files:
-        text = verify._base_text(work, base, name)
-        if text is None:
-            clean_format = clean_lint = True
-        else:
-            stdin = ("--stdin-filename", name, "-")
-            fmt = ("format", "--check", "--no-cache", *config, *stdin)
-            clean_format = verify._ruff(ruff, work, *fmt, stdin=text).returncode == 0
-            lint = ("check", "--no-cache", "--quiet", *config, *stdin)
-            clean_lint = verify._ruff(ruff, work, *lint, stdin=text).returncode == 0
-        if clean_lint:
-            verify._ruff(ruff, work, "check", "--fix", "--no-cache", "--quiet", *config, name)
-        if clean_format:
-            verify._ruff(ruff, work, "format", "--no-cache", "--quiet", *config, name)
-
-
 def _add_spdx(work: Path, base: str) -> list[str]:
     """Put vLLM's SPDX lines on top of Python files the change adds; returns them."""
     added = gitutil.run(work, "diff", "--name-only", "--diff-filter=A", base, "HEAD")
@@ -476,7 +318,7 @@ def _commit(work: Path, base: str, message: str, name: str, email: str) -> str:
 
 
 def _lint(work: Path, base: str) -> tuple[bool, list[str]]:
-    ruff = verify.ruff_binary()
+    ruff = lint.ruff_for(work)
     files = [
         f
         for f in gitutil.run(work, "diff", "--name-only", "--diff-filter=d", base, "HEAD").split()
@@ -485,7 +327,7 @@ def _lint(work: Path, base: str) -> tuple[bool, list[str]]:
     if not files:
         return True, ["no Python files"]
     if not ruff:
-        return False, ["ruff is not installed: install ruff to check the commit"]
+        return False, [lint.MISSING]
     checks = [
         verify.check_ruff_lint(ruff, work, files, base),
         verify.check_ruff_format(ruff, work, files, base),
@@ -626,21 +468,20 @@ def _make_branch(
     email: str,
 ) -> None:
     gitutil.run(work, "reset", "-q", "--soft", parent)
-    plan = UPSTREAM.get(patch.id, DEFAULT_UPSTREAMING)
-    for path, text in plan.tests.items():
+    for path, text in upstreaming(patch).tests.items():
         target = work / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(SPDX_LINES + text)
+        target.write_text(text)
         outcome.tests.append(path)
     # Commit once so the SPDX and ruff steps can compare against the parent.
     message = commit_message(patch, name, email)
     _commit(work, parent, message, name, email)
     _add_spdx(work, parent)
-    ruff = verify.ruff_binary()
+    ruff = lint.ruff_for(work)
     if ruff:
         changed = gitutil.run(work, "diff", "--name-only", "--diff-filter=d", parent)
         files = [f for f in changed.split() if f.endswith(verify.PYTHON_SUFFIXES)]
-        _ruff_fix(ruff, work, files, parent)
+        lint.fix_added_lines(ruff, work, files, parent)
     commit = _commit(work, parent, message, name, email)
     ok, lines = _lint(work, parent)
     outcome.lint = lines
@@ -656,7 +497,7 @@ def _make_branch(
 
 def results_section(plan: Upstreaming) -> str:
     if not plan.results:
-        return plan.no_benchmark or "No benchmark results are recorded for this change."
+        return "No benchmark results are recorded for this change."
     path = results_dir() / plan.results
     try:
         data = json.loads(path.read_text())
@@ -664,6 +505,8 @@ def results_section(plan: Upstreaming) -> str:
         return f"The benchmark results file {plan.results} was not found; run the benchmark."
     if "rows" in data:
         return _bench_section(data)
+    if "variants" in data:
+        return _e2e_section(data)
     env = data.get("environment", {})
     results = data.get("results", {})
     sweep = data.get("sweep_token_counts") or []
@@ -715,9 +558,11 @@ def _bench_section(data: dict) -> str:
             if "+" not in k[4] and (*k[:4], f"{k[4]}+moe") in times
         }
     )
+    releases = ", ".join(f"vLLM {before}" for before, _ in pairs)
     lines = [
         "Median time per call (µs), lower is better; each row measured in the same run, "
-        "on fresh random FP8 data checked against a float64 reference.",
+        "on fresh random FP8 data checked against a float64 reference. Before: "
+        f"{releases} as released; after: the same release with this change.",
         "",
         f"- GPU: {env.get('gpu', '?')} ({env.get('sm_count', '?')} SMs); torch "
         f"{env.get('torch', '?')}, triton {env.get('triton', '?')}, CUDA {env.get('cuda', '?')}, "
@@ -738,6 +583,43 @@ def _bench_section(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _e2e_section(data: dict) -> str:
+    """A ``moe_e2e.run`` report as a table: per engine, its MoE backend, the median time to
+    first token of a lone prompt at each length, the median time per output token at each
+    decode batch size, and the throughput run's output tokens per second."""
+    env = data.get("environment", {})
+    spec = data.get("spec", {})
+    prompts = list(spec.get("prefill_lens") or [])
+    batches = list(spec.get("decode_batches") or [])
+    columns = [f"TTFT {n} tok" for n in prompts] + [f"TPOT B={b}" for b in batches]
+    lines = [
+        f"End to end, vLLM {data.get('vllm', '?')} wheels (the official one, and the same "
+        f"wheel with this change), {data.get('model', '?')} with dummy weights; each row one "
+        "engine in a fresh process. Median milliseconds (lower is better): TTFT of one prompt "
+        "alone, TPOT per output token at batch size B; tok/s: output tokens per second.",
+        "",
+        f"- GPU: {env.get('gpu', '?')}; torch {env.get('torch', '?')}, "
+        f"triton {env.get('triton', '?')}, Python {env.get('python', '?')}",
+        f"- command: {_runnable(data.get('command', ''))}",
+        "",
+        "| engine | MoE backend | " + " | ".join(columns) + " | tok/s |",
+        "|---|---|" + "---|" * len(columns) + "---|",
+    ]
+    for variant in data.get("variants", []):
+        result = variant.get("result") or {}
+        if not result.get("decode"):
+            continue
+        cells = [(result.get("prefill") or {}).get(str(n), {}).get("median_ms") for n in prompts]
+        cells += [result["decode"].get(str(b), {}).get("median_ms") for b in batches]
+        rate = (result.get("throughput") or {}).get("output_tokens_per_s")
+        lines.append(
+            f"| {variant.get('name', '?')} | {variant.get('moe_backend') or '?'} | "
+            + " | ".join("–" if c is None else f"{c:.2f}" for c in cells)
+            + f" | {'–' if rate is None else f'{rate:.0f}'} |"
+        )
+    return "\n".join(lines)
+
+
 TEMPLATE_PATH = ".github/PULL_REQUEST_TEMPLATE.md"
 # Which of our sections fills a heading of the target's pull-request template, by its words.
 _HEADING_KINDS = (
@@ -754,15 +636,19 @@ _COMMENT = re.compile(r"<!--(?!\s*markdownlint).*?-->\s*", re.S)
 
 def description_sections(patch: Patch, outcome: PrOutcome) -> dict[str, str]:
     """What a pull request for ``patch`` says, by kind of section."""
-    plan = UPSTREAM.get(patch.id, DEFAULT_UPSTREAMING)
+    plan = upstreaming(patch)
     tests = outcome.tests or []
     plan_lines = [f"- `pytest {t} -v`" for t in tests]
     changed = " ".join(sorted({*patch.files, *tests}))
     plan_lines.append(f"- `pre-commit run --files {changed}` (ruff check, ruff format)")
+    for command in plan.benchmarks:
+        plan_lines.append(f"- on the base branch, then on this one: `{command}`")
     if plan.results:
         with contextlib.suppress(OSError, ValueError):
             data = json.loads((results_dir() / plan.results).read_text())
-            plan_lines.append(f"- benchmark: {_runnable(data.get('command', ''))}")
+            plan_lines.append(
+                f"- the recorded numbers were measured with {_runnable(data.get('command', ''))}"
+            )
     stacked = (
         f"\n\nThis PR is stacked on `{outcome.stacked_on}`; merge that one first."
         if outcome.stacked_on

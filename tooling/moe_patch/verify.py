@@ -39,10 +39,11 @@ from pathlib import Path
 import git
 from packaging.version import Version
 
-from . import applier, export, gitutil, index, patchfile, probes, series, sources, trees
+from . import applier, export, gitutil, index, lint, patchfile, probes, series, sources, trees
 from .errors import MoePatchError, UsageError
 from .pipconfig import index_settings
 from .report import APPLIED, FAILED, render_table
+from .upstreaming import upstreaming
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 SERIES_CHECKS = ("series-integrity", "exported-form")
@@ -180,6 +181,10 @@ def header_problems(patch: patchfile.Patch) -> list[str]:
             probes.parse(declaration, patch.path.name)
         except MoePatchError as exc:
             problems.append(exc.message)
+    try:
+        upstreaming(patch)  # the test files it names exist beside the series
+    except MoePatchError as exc:
+        problems.append(exc.message)
     return problems
 
 
@@ -239,56 +244,13 @@ def check_compile(tree: Path, files: list[str]) -> Check:
     return Check("compile", PASS, f"{len(files)} file(s) compile")
 
 
-def ruff_binary() -> str | None:
-    configured = os.environ.get("MOE_PATCH_RUFF")
-    if configured:
-        return configured
-    beside = Path(sys.executable).parent / ("ruff.exe" if os.name == "nt" else "ruff")
-    if beside.is_file():
-        return str(beside)
-    return shutil.which("ruff")
-
-
-def ruff_config(tree: Path) -> tuple[list[str], str]:
-    """The tree's own ruff configuration, as ruff arguments and a label."""
-    pyproject = tree / "pyproject.toml"
-    if pyproject.is_file() and "[tool.ruff" in pyproject.read_text(errors="replace"):
-        return ["--config", str(pyproject)], "pyproject.toml"
-    for name in ("ruff.toml", ".ruff.toml"):
-        if (tree / name).is_file():
-            return ["--config", str(tree / name)], name
-    return ["--isolated"], "ruff's defaults (the tree has no ruff configuration)"
-
-
-def _ruff(ruff: str, tree: Path, *args: str, stdin: str | None = None):
-    return subprocess.run(
-        [ruff, *args],
-        cwd=tree,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
-
-
-def _ruff_error(proc) -> str:
-    lines = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
-    return lines[0].strip() if lines else f"ruff exited with {proc.returncode}"
-
-
-def _base_text(tree: Path, base_commit: str, name: str) -> str | None:
-    try:
-        return gitutil.run(tree, "show", f"{base_commit}:{name}", strip_newline_in_stdout=False)
-    except Exception:  # the series adds the file
-        return None
-
-
-def check_ruff_lint(ruff: str, tree: Path, files: list[str], base_commit: str) -> Check:
-    config, label = ruff_config(tree)
+def check_ruff_lint(ruff: lint.Ruff, tree: Path, files: list[str], base_commit: str) -> Check:
+    config, label = lint.config(tree)
+    label = f"{label}, {lint.describe(ruff)}"
     common = ["check", "--no-cache", "--output-format", "json", "--exit-zero", *config]
-    proc = _ruff(ruff, tree, *common, "--", *files)
+    proc = lint.run(ruff, tree, *common, "--", *files)
     if proc.returncode != 0:
-        return Check("ruff-check", FAIL, f"ruff could not run: {_ruff_error(proc)}")
+        return Check("ruff-check", FAIL, f"ruff could not run: {lint.error(proc)}")
     findings = json.loads(proc.stdout or "[]")
     new, old = [], 0
     by_file: dict[str, list[dict]] = {}
@@ -296,9 +258,9 @@ def check_ruff_lint(ruff: str, tree: Path, files: list[str], base_commit: str) -
         by_file.setdefault(os.path.relpath(item["filename"], tree), []).append(item)
     for name, items in by_file.items():
         before: Counter = Counter()
-        text = _base_text(tree, base_commit, name)
+        text = lint.base_text(tree, base_commit, name)
         if text is not None:
-            base = _ruff(ruff, tree, *common, "--stdin-filename", name, "-", stdin=text)
+            base = lint.run(ruff, tree, *common, "--stdin-filename", name, "-", stdin=text)
             before = Counter((i["code"], i["message"]) for i in json.loads(base.stdout or "[]"))
         for item in items:
             key = (item["code"], item["message"])
@@ -315,21 +277,22 @@ def check_ruff_lint(ruff: str, tree: Path, files: list[str], base_commit: str) -
     return Check("ruff-check", PASS, f"{len(files)} file(s) clean with the tree's {label}{note}")
 
 
-def check_ruff_format(ruff: str, tree: Path, files: list[str], base_commit: str) -> Check:
-    config, label = ruff_config(tree)
-    proc = _ruff(ruff, tree, "format", "--diff", "--no-cache", *config, "--", *files)
+def check_ruff_format(ruff: lint.Ruff, tree: Path, files: list[str], base_commit: str) -> Check:
+    config, label = lint.config(tree)
+    label = f"{label}, {lint.describe(ruff)}"
+    proc = lint.run(ruff, tree, "format", "--diff", "--no-cache", *config, "--", *files)
     if proc.returncode == 0:
         return Check(
             "ruff-format", PASS, f"{len(files)} file(s) formatted as the tree's {label} says"
         )
     if proc.returncode != 1:
-        return Check("ruff-format", FAIL, f"ruff could not run: {_ruff_error(proc)}")
+        return Check("ruff-format", FAIL, f"ruff could not run: {lint.error(proc)}")
     ours, theirs = [], []
     for name, diff in _split_diff(proc.stdout, tree).items():
-        text = _base_text(tree, base_commit, name)
+        text = lint.base_text(tree, base_commit, name)
         if text is not None:
             args = ("format", "--check", "--no-cache", *config, "--stdin-filename", name, "-")
-            unformatted_before = _ruff(ruff, tree, *args, stdin=text).returncode == 1
+            unformatted_before = lint.run(ruff, tree, *args, stdin=text).returncode == 1
             if unformatted_before and not _touches_patch(tree, diff, name, base_commit):
                 theirs.append(name)
                 continue
@@ -413,7 +376,7 @@ def check_kernels(tree: Path, python: str | None) -> Check:
     cwd = tests.parent.parent if tests.parent.name == "tests" else tests
     proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     lines = [line.strip("= ").strip() for line in proc.stdout.splitlines() if line.strip()]
-    summary = lines[-1] if lines else _ruff_error(proc)
+    summary = lines[-1] if lines else f"pytest exited with {proc.returncode}"
     if proc.returncode == 0:
         return Check("kernels", PASS, summary)
     if proc.returncode == 5:
@@ -482,13 +445,13 @@ def _run_job(
             result.checks.append(Check("apply", PASS, statuses))
         files = touched_python_files(work.path, work.base)
         result.checks.append(check_compile(work.path, files))
-        ruff = ruff_binary()
+        ruff = lint.ruff_for(work.path, index_url) if files else None
         if not files:
             result.checks += [
                 Check(n, PASS, "no Python file touched") for n in ("ruff-check", "ruff-format")
             ]
         elif ruff is None:
-            missing = "ruff not found: install it (pip install ruff) or set MOE_PATCH_RUFF"
+            missing = lint.MISSING
             result.checks += [Check(n, FAIL, missing) for n in ("ruff-check", "ruff-format")]
         else:
             result.checks.append(check_ruff_lint(ruff, work.path, files, work.base))

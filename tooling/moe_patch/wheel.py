@@ -43,7 +43,7 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelError, WheelFile
 
-from . import __version__, cache, index, release_diff, ui
+from . import __version__, cache, children, index, release_diff, ui
 from .errors import LOCAL_IO_WORDS, IntegrityError, LocalIOError, NetworkError, UsageError
 from .pipconfig import IndexSettings, index_settings
 
@@ -179,7 +179,7 @@ def _download(version, platform, platforms, settings: IndexSettings, directory, 
             command[4:4] = ["--progress-bar", "off", "--quiet"]
         ui.info(f"downloading the official vLLM {version} wheel through pip")
         try:
-            done = subprocess.run(
+            done = children.run(
                 command,
                 stdout=None if interactive else subprocess.PIPE,
                 stderr=None if interactive else subprocess.PIPE,
@@ -574,7 +574,7 @@ def build_precompiled(
         if not build_isolation:
             command.insert(5, "--no-build-isolation")
         ui.info("building the patched tree with vLLM's setup.py (VLLM_USE_PRECOMPILED=1)")
-        done = subprocess.run(
+        done = children.run(
             command,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -348,7 +348,7 @@ def export_tree(tree: Path, series_root: Path | None = None, check: bool = False
     from .verify import header_problems
 
     for item in exported:
-        for problem in header_problems(patchfile.parse(item.data, Path(item.name))):
+        for problem in header_problems(patchfile.parse(item.data, directory / item.name)):
             result.problems.append(f"{item.name}: {problem}")
             ui.warn(f"{item.name}: {problem} (verify will fail on it)")
     if check or not result.changed:
