@@ -416,6 +416,38 @@ def test_source_that_is_not_the_release_needs_any_base(fake_index, series_root, 
     assert run("apply", "--vllm", "1.0.0", "--any-base").exit_code == 2  # needs a --source
 
 
+def test_untagged_source_holding_the_release_files_is_the_release(
+    fake_index, series_root, tmp_path
+):
+    """A git repository made from the unpacked release (no tag; git leaves out the files its
+    .gitignore names, such as the generated vllm/_version.py) is that release; one file
+    changed, and it is not, naming the file."""
+    fake_index.add("1.0.0")
+    source = tmp_path / "src"
+    for name, text in release_files("1.0.0").items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_text(text)
+    git(source, "init", "-q", "-b", "main")
+    git(source, "add", "-A")
+    git(source, "commit", "-q", "-m", "imported from the sdist")
+    assert "vllm/_version.py" not in git(source, "ls-files")
+    into = tmp_path / "t"
+    result = run("apply", "--vllm", "1.0.0", "--source", str(source), "--into", str(into))
+    assert result.exit_code == 0, result.output
+    assert "is untagged but holds vLLM 1.0.0's files" in result.stderr
+
+    (source / "vllm/__init__.py").write_text("CHANGED = True\n")
+    git(source, "commit", "-q", "-am", "a local change")
+    head = git(source, "rev-parse", "--short=12", "HEAD")
+    again = run("apply", "--vllm", "1.0.0", "--source", str(source), "--into", str(tmp_path / "u"))
+    assert again.exit_code == 2
+    assert again.stderr.startswith(
+        f"moe-patch: error: --source {source} is not the vLLM 1.0.0 release: its HEAD ({head}) "
+        "is not tagged v1.0.0 and its files differ from the release's: vllm/__init__.py;"
+    )
+    assert not (tmp_path / "u").exists()
+
+
 def test_a_failing_patch_without_any_git_identity_leaves_no_am_behind(
     fake_index, series_root, tmp_path, monkeypatch
 ):

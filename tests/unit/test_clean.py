@@ -27,6 +27,8 @@ def _cache_with_everything(root):
         "wheels/vllm-1.0.0-1-cp38-abi3-manylinux_2_24_x86_64.whl": "a wheel",
         "wheels/.tmp-vllm-1.0.0-q1w2e3/partial.whl": "half a wheel",
         "envs/oracle-0123abcd/bin/python": "#!",
+        "tools/ruff-0.14.0/bin/ruff": "#!",
+        "tools/.tmp-ruff-0.14.0-x7y8/bin/ruff": "#!",
         "index/vllm-5a06749b2297be54.json": "{}",
         "index/.vllm-5a06749b2297be54.json.part-k3": "{",
     }
@@ -57,10 +59,11 @@ def test_clean_removes_leftovers_and_keeps_entries(cache_dir):
     report = json.loads(result.stdout)
     assert report["removed"] == json.loads(dry.stdout)["removed"]
     assert {item["what"] for item in report["removed"]} == {"leftover"}
-    assert len(report["removed"]) == 4
+    assert len(report["removed"]) == 5
     assert _names(cache_dir) == [
         "envs/oracle-0123abcd/bin/python",
         "index/vllm-5a06749b2297be54.json",
+        "tools/ruff-0.14.0/bin/ruff",
         "trees/notes.txt",
         "trees/v1.0.0.git/HEAD",
         "wheels/other-2.0-py3-none-any.whl",
@@ -79,7 +82,7 @@ def test_clean_all_empties_the_cache_but_never_touches_other_files(cache_dir):
     assert result.exit_code == 0, result.output
     assert _names(cache_dir) == sorted(foreign)
     assert (outside / "keep.txt").read_text() == "not the cache's"  # a link is unlinked only
-    assert result.stdout.splitlines()[-1].startswith("removed 9 item(s), ")
+    assert result.stdout.splitlines()[-1].startswith("removed 11 item(s), ")
 
 
 def test_an_entry_in_use_is_kept_and_the_exit_code_says_busy(cache_dir):

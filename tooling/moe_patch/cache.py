@@ -6,6 +6,7 @@ which honours ``XDG_CACHE_HOME``)::
     index/vllm-<hash of index url>.json   release listing of one index
     sdist/vllm-X.Y.Z.tar.gz               verified source distributions
     trees/vX.Y.Z.git                      bare git repository, one commit tagged vX.Y.Z
+    tools/ruff-X.Y.Z                      the ruff a tree pins (see lint.py)
     locks/<name>.lock                     one lock per entry
 
 Every entry is built beside its final name and renamed into place, so an entry

@@ -199,7 +199,7 @@ def start(
         source = source.expanduser().absolute()
         sources.check_vllm_tree(source)
         sources.warn_version_mismatch(sources.detect_version(source), onto, source)
-        sources.check_is_release(source, onto, any_base)
+        sources.check_is_release(source, onto, any_base, index_url)
         work = sources.from_local(source, into, False, onto, mark=mark)
     elif git_url:
         work = sources.from_git_url(onto, into, git_url, mark=mark)

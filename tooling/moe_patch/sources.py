@@ -23,6 +23,7 @@ from .errors import (
     LOCAL_IO_WORDS,
     BusyError,
     LocalIOError,
+    MoePatchError,
     NetworkError,
     StateError,
     UsageError,
@@ -299,10 +300,12 @@ def _git_reason(exc: git.GitCommandError) -> str:
     return gitutil.last_words(str(exc.stderr or "")) or f"git exited with {exc.status}"
 
 
-def check_is_release(source: Path, requested: str, any_base: bool = False) -> None:
-    """Refuse a --source that is not release ``requested`` (a git checkout whose HEAD is not
-    tagged with it; a tree whose PKG-INFO or vllm/_version.py does not say exactly it); with
-    ``any_base``, patch it anyway and say so."""
+def check_is_release(
+    source: Path, requested: str, any_base: bool = False, index_url: str | None = None
+) -> None:
+    """Refuse a --source that is not release ``requested``: a git checkout whose HEAD is
+    neither tagged with it nor holds the release's files; a tree whose PKG-INFO or
+    vllm/_version.py does not say exactly it.  With ``any_base``, patch it anyway and say so."""
     if (source / ".git").exists():
         try:
             tag = gitutil.run(source, "describe", "--tags", "--exact-match", "HEAD")
@@ -311,7 +314,16 @@ def check_is_release(source: Path, requested: str, any_base: bool = False) -> No
         if tag is not None and _same_release(tag, requested):
             return
         head = gitutil.run(source, "rev-parse", "--short=12", "HEAD")
+        differ = release_files_differ(source, requested, index_url)
+        if differ == []:
+            ui.info(f"{source}: HEAD {head} is untagged but holds vLLM {requested}'s files")
+            return
         reason = f"its HEAD ({head}) is not tagged v{requested}"
+        if differ:
+            shown = ", ".join(differ[:3]) + (
+                f" (+{len(differ) - 3} more)" if len(differ) > 3 else ""
+            )
+            reason += f" and its files differ from the release's: {shown}"
     else:
         detected = detect_version(source)
         if detected is not None and _same_release(detected, requested):
@@ -328,6 +340,38 @@ def check_is_release(source: Path, requested: str, any_base: bool = False) -> No
         f"--source {source} is not the vLLM {requested} release: {reason}; check out "
         f"v{requested}, or pass --any-base to patch it as {requested} anyway"
     )
+
+
+def release_files_differ(source: Path, version: str, index_url: str | None = None):
+    """The paths where ``source``'s HEAD and release ``version`` (its source distribution)
+    hold different files, sorted; files only the release has that ``source`` ignores (such
+    as the generated ``vllm/_version.py``) do not count.  None if the release is unavailable."""
+    try:
+        release = trees.release_repo(version, index_url)
+    except MoePatchError:
+        return None
+    ours = _blobs(source, "HEAD")
+    theirs = _blobs(release, f"refs/tags/{trees.release_tag(version)}")
+    differ = sorted(p for p in ours.keys() | theirs.keys() if ours.get(p) != theirs.get(p))
+    only_release = [p for p in differ if p not in ours]
+    if only_release and len(only_release) <= 100:
+        try:
+            ignored = set(gitutil.run(source, "check-ignore", "--", *only_release).splitlines())
+        except git.GitCommandError:  # exit 1: none of them is ignored
+            ignored = set()
+        differ = [p for p in differ if p not in ignored]
+    return differ
+
+
+def _blobs(repo: Path, rev: str) -> dict[str, str]:
+    """path -> blob id of every file at ``rev`` (a symbolic link counts by its target)."""
+    listing = gitutil.run(repo, "ls-tree", "-r", "-z", "--full-tree", rev)
+    found = {}
+    for entry in listing.split("\0"):
+        if entry:
+            meta, path = entry.split("\t", 1)
+            found[path] = meta.split()[2]
+    return found
 
 
 def _same_release(text: str, requested: str) -> bool:

@@ -54,7 +54,7 @@ def apply(
     version = resolve_version(vllm or detected, index_url, offline_ok=bool(source or git_url))
     if source:
         sources.warn_version_mismatch(detected, version, source)
-        sources.check_is_release(source, version, any_base)
+        sources.check_is_release(source, version, any_base, index_url)
     elif any_base:
         raise UsageError("--any-base is for a --source that is not a release; drop it")
     chosen = series.for_version(version, series_root)

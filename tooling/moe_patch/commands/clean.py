@@ -26,6 +26,7 @@ _ENTRIES = {
     "sdist": (re.compile(r"vllm-(?P<version>.+?)\.(tar\.gz|zip)"), "vllm-{version}"),
     "wheels": (re.compile(r"vllm-(?P<version>[^-]+)(-.+\.whl)?"), "wheel-vllm-{version}"),
     "envs": (re.compile(r"(?P<name>oracle-[0-9a-f]+)"), "env-{name}"),
+    "tools": (re.compile(r"(?P<name>ruff-[0-9][0-9A-Za-z.]*)"), "tool-{name}"),  # lint.py
     "index": (re.compile(r"vllm-[0-9a-f]+\.json"), None),  # written atomically, never locked
 }
 
