@@ -7,16 +7,17 @@ For each patch of the series serving the target, in series order:
   reverse-applies cleanly: the same evidence as ``apply``): skipped;
 * otherwise a branch ``<prefix><patch-id>`` based on the target, holding the change as
   one commit: a vLLM-style title (``[Perf] …``), the patch's reasons as the body, the
-  vLLM test that goes with it (``tests/kernels/moe/…``, with the SPDX header), the
+  tests its ``Upstream-Test:`` trailers name (kept in the series' ``upstream/`` folder), the
   moe-patch trailers removed and a DCO ``Signed-off-by:`` for the user's git identity.
   A patch that does not apply on the target alone but does on top of the previous
   candidate is stacked on that branch, and the report says so.
 
-The touched Python files are checked with the target tree's own ruff configuration
-(``ruff check``, ``ruff format --check``); lines the patch adds are fixed by ruff first
-when the file was clean before it (never reformatting upstream's own lines).  Each branch
-gets a PR description in vLLM's template (``## Purpose``, ``## Test Plan``, ``## Test
-Result``) written to ``--out``, with the ``git push`` / ``gh pr create`` commands.
+The touched Python files are checked with the target tree's own ruff configuration and the
+ruff version it pins (:mod:`moe_patch.lint`; ``ruff check``, ``ruff format --check``); lines
+the patch adds are fixed by ruff first when the file was clean before it (never reformatting
+upstream's own lines).  Each branch gets a PR description in the target's own pull-request
+template (without one: ``## Purpose``, ``## Test Plan``, ``## Test Result``) written to
+``--out``, with the ``git push`` / ``gh pr create`` commands.
 Nothing is pushed.
 
 The work happens in a detached ``git worktree`` of the user's repository in a temporary
