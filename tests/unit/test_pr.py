@@ -307,6 +307,7 @@ HINT = (
 
 
 TEMPLATE = """<!-- markdownlint-disable -->
+PLEASE FILL IN THE DESCRIPTION HERE, AS THE TEMPLATE OF VLLM 0.22 SAID.
 
 ## Overview
 
@@ -346,10 +347,15 @@ def test_descriptions_fill_the_targets_own_template(pr_series, clone, tmp_path):
     (clone / ".github" / "PULL_REQUEST_TEMPLATE.md").write_text(TEMPLATE)
     git(clone, "add", ".github")
     git(clone, "commit", "-qm", "a template")
+    git(clone, "remote", "add", "mine", "git@github.com:jane-dev/vllm.git")
     out = tmp_path / "prs"
-    result = run("pr", "--source", str(clone), "--onto", "main", "--out", str(out))
+    result = run("pr", "--source", str(clone), "--onto", "main", "--out", str(out), "--json")
     assert result.exit_code == 0, result.output
+    commands = json.loads(result.stdout)["outcomes"][0]["commands"]
+    assert commands[0] == f"git -C {clone} push mine moe-patch/jit-annotations"
+    assert " --head jane-dev:moe-patch/jit-annotations " in commands[1]
     body = (out / "jit-annotations.md").read_text()
+    assert body.startswith("<!-- markdownlint-disable -->\n\n## Overview\n")  # no instructions
     for heading in ("## Overview", "## Claims", "## Validation", "## Details", "## Anything else"):
         assert body.count(heading) == 1, heading
     assert "<!--" not in body.replace("<!-- markdownlint-disable -->", "")

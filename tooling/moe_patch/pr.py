@@ -338,7 +338,12 @@ def _lint(work: Path, base: str) -> tuple[bool, list[str]]:
     ]
 
 
-def _fork_remote(repo: Path) -> str:
+_GITHUB_OWNER = re.compile(r"github\.com[:/]+([A-Za-z0-9][A-Za-z0-9-]*)/")
+
+
+def _fork_remote(repo: Path) -> tuple[str, str]:
+    """The remote to push to (the first that is not vllm-project/vllm) and the GitHub user
+    that owns it, for ``gh pr create --head USER:BRANCH``."""
     try:
         remotes = gitutil.run(repo, "remote", "-v").splitlines()
     except git.GitCommandError:
@@ -346,8 +351,9 @@ def _fork_remote(repo: Path) -> str:
     for line in remotes:
         parts = line.split()
         if len(parts) >= 2 and UPSTREAM_REPO not in parts[1] and "(push)" in line:
-            return parts[0]
-    return "<your-fork-remote>"
+            owner = _GITHUB_OWNER.search(parts[1])
+            return parts[0], owner.group(1) if owner else "<your-github-user>"
+    return "<your-fork-remote>", "<your-github-user>"
 
 
 def prepare(
@@ -386,9 +392,11 @@ def prepare(
         if gitutil.run(source, "branch", "--list", prefix + p.id).strip()
     ]
     if existing and not force:
+        many = len(existing) > 1
         raise StateError(
-            f"branch {', '.join(existing)} already exists in {source}; delete it, or pass "
-            "--force to replace it (nothing was changed)"
+            f"{'branches' if many else 'branch'} {', '.join(existing)} already "
+            f"{'exist' if many else 'exists'} in {source}; delete {'them' if many else 'it'}, "
+            f"or pass --force to replace {'them' if many else 'it'} (nothing was changed)"
         )
     try:
         current = gitutil.run(source, "symbolic-ref", "-q", "--short", "HEAD")
@@ -644,12 +652,6 @@ def description_sections(patch: Patch, outcome: PrOutcome) -> dict[str, str]:
     plan_lines.append(f"- `pre-commit run --files {changed}` (ruff check, ruff format)")
     for command in plan.benchmarks:
         plan_lines.append(f"- on the base branch, then on this one: `{command}`")
-    if plan.results:
-        with contextlib.suppress(OSError, ValueError):
-            data = json.loads((results_dir() / plan.results).read_text())
-            plan_lines.append(
-                f"- the recorded numbers were measured with {_runnable(data.get('command', ''))}"
-            )
     stacked = (
         f"\n\nThis PR is stacked on `{outcome.stacked_on}`; merge that one first."
         if outcome.stacked_on
@@ -702,8 +704,9 @@ def description(
     out = []
     for block in re.split(r"(?m)^(?=## )", _COMMENT.sub("", head)):
         first, _, _ = block.partition("\n")
-        if not first.startswith("## "):
-            out.append(block.strip())
+        if not first.startswith("## "):  # keep directives, drop the template's instructions
+            kept = [line for line in block.splitlines() if line.strip().startswith("<!--")]
+            out.append("\n".join(kept))
             continue
         heading = first[3:].strip().lower()
         kind = next((k for words, k in _HEADING_KINDS if any(w in heading for w in words)), None)
@@ -713,7 +716,7 @@ def description(
 
 
 def _write_description(
-    out: Path, patch: Patch, outcome: PrOutcome, report: PrReport, fork: str, template
+    out: Path, patch: Patch, outcome: PrOutcome, report: PrReport, fork: tuple[str, str], template
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{patch.id}.md"
@@ -722,9 +725,9 @@ def _write_description(
     base = pr_base(report.onto)
     title = (outcome.title or "").replace('"', '\\"')
     outcome.commands = [
-        f"git -C {report.source} push {fork} {outcome.branch}",
+        f"git -C {report.source} push {fork[0]} {outcome.branch}",
         f"gh pr create --repo {UPSTREAM_REPO} --base {base or 'main'} --head "
-        f'<your-github-user>:{outcome.branch} --title "{title}" --body-file {path}',
+        f'{fork[1]}:{outcome.branch} --title "{title}" --body-file {path}',
     ]
     if base is None:  # a release tag: vLLM merges pull requests into main
         outcome.commands.insert(
