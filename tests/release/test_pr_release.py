@@ -26,7 +26,7 @@ def made(tmp_path_factory):
     root = tmp_path_factory.mktemp("pr")
     work = sources.from_cache("0.33.0", root / "vllm", None).path
     git(work, "config", "user.name", "Jane Dev")
-    git(work, "config", "user.email", "jane@example.invalid")
+    git(work, "config", "user.email", "jane.dev@users.noreply.github.com")
     git(work, "checkout", "-q", "-b", "my-work")
     before = (git(work, "rev-parse", "HEAD"), git(work, "status", "--porcelain"))
     report = pr.prepare(work, "0.33.0", root / "prs")
@@ -59,7 +59,9 @@ def test_commits_are_signed_off_titled_and_lint_clean(made):
         message = git(work, "log", "-1", "--format=%B", outcome.branch)
         title = message.splitlines()[0]
         assert title.split("] ", 1)[0] in ("[Perf", "[Kernel")
-        assert message.rstrip().endswith("Signed-off-by: Jane Dev <jane@example.invalid>")
+        assert message.rstrip().endswith(
+            "Signed-off-by: Jane Dev <jane.dev@users.noreply.github.com>"
+        )
         assert all(": pass " in line for line in outcome.lint), outcome.lint
         assert all("ruff 0.14.0" in line for line in outcome.lint), outcome.lint
         assert outcome.tests and all(t.startswith("tests/kernels/moe/test_") for t in outcome.tests)

@@ -116,7 +116,7 @@ def clone(tmp_path):
     git(work, "commit", "-q", "-m", "base")
     git(work, "tag", "v1.0.0")
     git(work, "config", "user.name", "Jane Dev")
-    git(work, "config", "user.email", "jane@example.invalid")
+    git(work, "config", "user.email", "jane.dev@users.noreply.github.com")
     git(work, "checkout", "-q", "-b", "my-work")
     (work / "notes.txt").write_text("mine\n")
     return work
@@ -160,11 +160,13 @@ def test_branches_per_pending_patch_with_signoff_title_and_description(pr_series
     for branch in branches:
         message = git(clone, "log", "-1", "--format=%B", branch)
         titles[branch] = message.splitlines()[0]
-        assert message.rstrip().endswith("Signed-off-by: Jane Dev <jane@example.invalid>")
+        assert message.rstrip().endswith(
+            "Signed-off-by: Jane Dev <jane.dev@users.noreply.github.com>"
+        )
         assert "Upstream-" not in message  # the series' own trailers stay in the series
         assert (
             git(clone, "log", "-1", "--format=%an <%ae>", branch)
-            == "Jane Dev <jane@example.invalid>"
+            == "Jane Dev <jane.dev@users.noreply.github.com>"
         )
     assert titles["moe-patch/jit-annotations"] == "[Perf] Do not specialise on token counts"
     assert titles["moe-patch/feature"] == "[Misc] Add it"
@@ -254,6 +256,15 @@ def test_refuses_without_git_identity(pr_series, clone, tmp_path, cli_env):
     assert "user.name and user.email" in message and code == 2
 
 
+def test_refuses_a_placeholder_git_identity(pr_series, clone, tmp_path, cli_env):
+    """An address in a domain reserved for examples reaches no one: it never goes upstream."""
+    git(clone, "config", "user.email", "jane@example.com")
+    before = git(clone, "for-each-ref")
+    message, code = _refused(clone, tmp_path, "--onto", "v1.0.0", env=cli_env)
+    assert "jane@example.com is a placeholder address" in message and code == 2
+    assert git(clone, "for-each-ref") == before
+
+
 def test_refuses_dirty_tree(pr_series, clone, tmp_path, cli_env):
     (clone / "vllm" / "__init__.py").write_text("# edited\n")
     message, code = _refused(clone, tmp_path, "--onto", "v1.0.0", env=cli_env)
@@ -273,6 +284,8 @@ def test_refuses_a_repository_that_is_not_vllm(pr_series, tmp_path, cli_env):
     git(other, "add", "-A")
     git(other, "-c", "user.name=a", "-c", "user.email=a@b.invalid", "commit", "-qm", "x")
     git(other, "tag", "v1.0.0")
+    git(other, "config", "user.name", "Jane Dev")
+    git(other, "config", "user.email", "jane.dev@users.noreply.github.com")
     message, code = _refused(other, tmp_path, "--onto", "v1.0.0", env=cli_env)
     assert code == 2
     assert message == (

@@ -143,3 +143,95 @@ def test_trailer_helpers_round_trip():
         "y.patch",
     )
     assert workflow.slug("fused_moe: Do *not* specialise!") == "fused_moe-do-not-specialise"
+
+
+JANE = "Jane Dev <jane.dev@users.noreply.github.com>"
+
+
+def _headers(path):
+    text = path.read_text()
+    message = text.split("\ndiff --git ", 1)[0]
+    return message, text[len(message) :]
+
+
+def test_export_writes_placeholder_patches_under_the_series_author(
+    fake_index, series_root, tmp_path, monkeypatch
+):
+    work = checkout(fake_index, tmp_path)
+    real = "Real Person <real.person@vllm.ai>"
+    (work / "vllm" / "more.py").write_text("MORE = 1\n")
+    git(work, "add", "vllm/more.py")
+    git(work, "commit", "-q", "--author", real, "-m", f"more{TRAILERS}".replace(PATCH_AUTHOR, real))
+    diffs = {p.name: _headers(p)[1] for p in (series_root / "v1.0.0").glob("*.patch")}
+
+    result, report = export_json("--author", JANE, str(work))
+    assert result.exit_code == 0, result.output
+    assert changes(report) == {
+        "jit.patch": "updated",
+        "extra.patch": "updated",
+        "more.patch": "added",
+    }
+    for name in ("jit.patch", "extra.patch"):
+        message, diff = _headers(series_root / "v1.0.0" / name)
+        assert diff == diffs[name]  # the change itself is untouched
+        assert "From: Jane Dev <jane.dev@users.noreply.github.com>" in message
+        assert message.count("Signed-off-by:") == 1 and f"Signed-off-by: {JANE}" in message
+        assert "example.invalid" not in message
+    more, _ = _headers(series_root / "v1.0.0" / "more.patch")
+    assert f"From: {real}" in more and f"Signed-off-by: {real}" in more and "Jane" not in more
+    assert "placeholder" not in result.stderr
+    # The same identity again: nothing changes (the export is deterministic).
+    _, again = export_json("--author", JANE, str(work))
+    assert set(changes(again).values()) == {"unchanged"} and not again["written"]
+    assert run("export", "--check", "--author", JANE, str(work)).exit_code == 0
+    # Without one, the commits' placeholder identity is what they export to, and it says so.
+    monkeypatch.setenv("MOE_PATCH_AUTHOR", "")
+    stale = run("export", "--check", str(work))
+    assert stale.exit_code == 10
+    assert "2 patch(es) keep the placeholder identity Test Author <author@example.invalid>" in (
+        stale.stderr
+    )
+
+
+def test_series_author_from_the_environment_or_git_config(
+    fake_index, series_root, tmp_path, monkeypatch
+):
+    work = checkout(fake_index, tmp_path)
+    monkeypatch.setenv("MOE_PATCH_AUTHOR", JANE)
+    _, report = export_json("--check", str(work))
+    assert set(changes(report).values()) == {"updated"}
+    monkeypatch.delenv("MOE_PATCH_AUTHOR")
+    git(work, "config", "user.name", "Git Configured")
+    git(work, "config", "user.email", "git.configured@vllm.ai")
+    run("export", str(work))
+    message, _ = _headers(series_root / "v1.0.0" / "jit.patch")
+    assert "From: Git Configured <git.configured@vllm.ai>" in message
+    git(work, "config", "user.email", "someone@example.com")  # a placeholder is no default
+    assert workflow.identity.series_identity(work) is None
+
+
+def test_a_bad_author_is_refused_in_one_line(fake_index, series_root, tmp_path):
+    work = checkout(fake_index, tmp_path)
+    before = tree_digest(series_root)
+    for given, words in (
+        ("Jane", "is not of the form 'Name <email>'; give one like that"),
+        ("Jane <jane@example.com>", "is a placeholder address; give a real one"),
+    ):
+        result = CliRunner().invoke(main, ["export", "--author", given, str(work)])
+        assert result.exit_code == 2
+        assert result.stderr.strip().splitlines() == [
+            f"moe-patch: error: --author {given!r} {words}"
+        ]
+    assert tree_digest(series_root) == before
+
+
+def test_restamp_replaces_placeholder_sign_offs_once():
+    message = (
+        "Subject\n\nWhy.\n\nUpstream-Status: Pending\n"
+        "Signed-off-by: A <a@example.invalid>\nSigned-off-by: B <b@x.test>\n"
+        "Signed-off-by: Real <real@vllm.ai>\n"
+    )
+    assert workflow.identity.restamp(message, ("Jane", "jane@vllm.ai")) == (
+        "Subject\n\nWhy.\n\nUpstream-Status: Pending\n"
+        "Signed-off-by: Jane <jane@vllm.ai>\nSigned-off-by: Real <real@vllm.ai>\n"
+    )

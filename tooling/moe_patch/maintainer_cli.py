@@ -216,6 +216,7 @@ def register(main: click.Group, series_option) -> None:
             [
                 "moe-patch export work/series-0.20            # write the series files",
                 "moe-patch export --check work/series-0.20    # exit 10 if they are stale",
+                "moe-patch export --author 'Jane Dev <jane.dev@users.noreply.github.com>' work/series-0.20",
             ],
             {EXIT_USAGE, EXIT_INTEGRITY, EXIT_STATE, EXIT_EXPORT_STALE, EXIT_LOCAL_IO},
         ),
@@ -230,15 +231,22 @@ def register(main: click.Group, series_option) -> None:
         help="Series root to write to [default: the one the tree was checked out from].",
     )
     @click.option("--check", is_flag=True, help="Write nothing; exit 10 if the files would change.")
+    @click.option(
+        "--author",
+        metavar="'NAME <EMAIL>'",
+        help="Write patches committed under a placeholder address (a domain reserved for "
+        "examples) under this identity and its sign-off [default: MOE_PATCH_AUTHOR, else "
+        "git's user.name and user.email].",
+    )
     @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-    def export_cmd(directory, series_root, check, as_json):
+    def export_cmd(directory, series_root, check, author, as_json):
         """Write the commits of a checkout (or rebase) tree back to its series directory.
 
         Deterministic: unchanged commits reproduce their files byte for byte; no dates
         of the export, no version signature; patch files named by their Patch-Filename
         trailer (new commits: by their subject); series in commit order.
         """
-        result = export_command(directory, series_root, check)
+        result = export_command(directory, series_root, check, author)
         if as_json:
             from dataclasses import asdict
 

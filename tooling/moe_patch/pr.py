@@ -44,6 +44,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import applier, gitutil, lint, series, verify
 from .errors import MoePatchError, StateError, UsageError
+from .identity import is_placeholder
 from .patchfile import Patch
 from .upstreaming import Upstreaming, upstreaming
 
@@ -137,6 +138,12 @@ def git_identity(repo: Path) -> tuple[str, str]:
             '(git config --global user.name "Your Name"; git config --global user.email '
             "you@example.com); nothing was changed"
         )
+    if is_placeholder(email):
+        raise UsageError(
+            f"your git user.email {email} is a placeholder address (a domain reserved for "
+            "examples): an upstream commit needs one that reaches you; set a real one "
+            "(git config user.email ...); nothing was changed"
+        )
     return name, email
 
 
@@ -209,17 +216,6 @@ def body_for(patch: Patch) -> str:
         else:
             paragraphs.pop()
     return "\n\n".join(paragraphs)
-
-
-# Domains reserved for examples and tests (RFC 2606, RFC 6761): an address there reaches no
-# one, so it never goes into a commit meant for upstream.
-_RESERVED_DOMAIN = re.compile(
-    r"@(.+\.)?(example|invalid|test|localhost|example\.(com|net|org))>?$", re.IGNORECASE
-)
-
-
-def is_placeholder(address: str) -> bool:
-    return bool(_RESERVED_DOMAIN.search(address.strip()))
 
 
 def commit_message(patch: Patch, name: str, email: str) -> str:

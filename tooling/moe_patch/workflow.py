@@ -28,7 +28,7 @@ from pathlib import Path
 
 import git
 
-from . import applier, cache, export, gitutil, patchfile, series, sources, ui
+from . import applier, cache, export, gitutil, identity, patchfile, series, sources, ui
 from .errors import MoePatchError, PatchFailed, StateError, UsageError
 from .patchfile import Patch
 
@@ -92,21 +92,31 @@ def commit_message(tree: Path, commit: str) -> str:
     return raw.split("\n\n", 1)[1] if "\n\n" in raw else ""
 
 
-def _author_env(tree: Path, commit: str) -> dict[str, str]:
+def author_of(tree: Path, commit: str) -> tuple[str, str, str]:
+    """(name, email, raw date) of ``commit``'s author."""
     line = gitutil.run(tree, "log", "-1", "--format=%an%x00%ae%x00%ad", "--date=raw", commit)
     name, email, date = line.split("\0")
-    return gitutil.commit_env(name, email, f"@{date}")
+    return name, email, date
 
 
 def recommit(
-    tree: Path, commit: str, message: str, parent: str | None = None, tree_id: str | None = None
+    tree: Path,
+    commit: str,
+    message: str,
+    parent: str | None = None,
+    tree_id: str | None = None,
+    author: tuple[str, str] | None = None,
 ) -> str:
-    """A commit with ``commit``'s author (also as committer) and ``message``, on ``parent``
-    (default: ``commit``'s) with ``tree_id`` (default: ``commit``'s tree).
+    """A commit with ``commit``'s author (or ``author``, keeping the date; also as committer)
+    and ``message``, on ``parent`` (default: ``commit``'s) with ``tree_id`` (default:
+    ``commit``'s tree).
 
     The same inputs give the same commit id, so nothing made this way churns."""
     parent = parent or gitutil.run(tree, "rev-parse", f"{commit}^")
     tree_id = tree_id or gitutil.run(tree, "rev-parse", f"{commit}^{{tree}}")
+    name, email, date = author_of(tree, commit)
+    if author:
+        name, email = author
     with tempfile.NamedTemporaryFile("wb", prefix="moe-patch-msg-", delete=False) as handle:
         handle.write(message.encode("utf-8"))
     try:
@@ -118,7 +128,7 @@ def recommit(
             parent,
             "-F",
             handle.name,
-            env=_author_env(tree, commit),
+            env=gitutil.commit_env(name, email, f"@{date}"),
         )
     finally:
         Path(handle.name).unlink(missing_ok=True)
@@ -151,10 +161,15 @@ class ExportedPatch:
     name: str
     commit: str
     data: bytes
+    placeholder: str | None = None  # the placeholder identity it kept, if it kept one
 
 
-def exported_series(tree: Path, base_commit: str, head: str = "HEAD") -> list[ExportedPatch]:
-    """Every commit from ``base_commit`` to ``head`` in patch form, named, in order."""
+def exported_series(
+    tree: Path, base_commit: str, head: str = "HEAD", series_author: tuple[str, str] | None = None
+) -> list[ExportedPatch]:
+    """Every commit from ``base_commit`` to ``head`` in patch form, named, in order; with
+    ``series_author``, commits by a placeholder identity are written under it instead (its
+    sign-off replacing theirs), see :mod:`moe_patch.identity`."""
     try:
         gitutil.run(tree, "merge-base", "--is-ancestor", base_commit, head)
     except git.GitCommandError:
@@ -185,12 +200,20 @@ def exported_series(tree: Path, base_commit: str, head: str = "HEAD") -> list[Ex
             )
         if gitutil.run(tree, "diff-tree", "--no-commit-id", "--name-only", "-r", commit) == "":
             raise StateError(f"commit {commit[:12]} ({name}) changes nothing; drop it")
+        author_name, author_email, _ = author_of(tree, commit)
+        placeholder = identity.is_placeholder(author_email)
+        author = series_author if placeholder and series_author else None
+        if author:
+            message = identity.restamp(message, author)
         clean = (
-            recommit(tree, commit, message) if message != commit_message(tree, commit) else commit
+            recommit(tree, commit, message, author=author)
+            if author or message != commit_message(tree, commit)
+            else commit
         )
         data = export.format_commit(tree, clean)
         patchfile.parse(data, Path(name))  # the series accepts it, or a one-line error
-        result.append(ExportedPatch(name, commit, data))
+        kept = f"{author_name} <{author_email}>" if placeholder and not author else None
+        result.append(ExportedPatch(name, commit, data, kept))
     return result
 
 
@@ -312,7 +335,9 @@ def _series_names(directory: Path) -> tuple[list[str], list[str]]:
     return names, header
 
 
-def export_tree(tree: Path, series_root: Path | None = None, check: bool = False) -> ExportResult:
+def export_tree(
+    tree: Path, series_root: Path | None = None, check: bool = False, author: str | None = None
+) -> ExportResult:
     """Write the commits of a checkout (or finished rebase) tree back to its series."""
     tree = tree.expanduser().absolute()
     repo = gitutil.open_repo(tree)
@@ -330,7 +355,16 @@ def export_tree(tree: Path, series_root: Path | None = None, check: bool = False
         if series_root
         else Path(state.series_dir)
     )
-    exported = exported_series(tree, state.base_commit)
+    exported = exported_series(
+        tree, state.base_commit, series_author=identity.series_identity(tree, author)
+    )
+    kept = sorted({item.placeholder for item in exported if item.placeholder})
+    if kept:
+        ui.warn(
+            f"{sum(1 for i in exported if i.placeholder)} patch(es) keep the placeholder "
+            f"identity {', '.join(kept)}: pass --author 'Name <email>' or set git's "
+            "user.name and user.email to export them under yours"
+        )
     old_names, header = _series_names(directory)
     result = ExportResult(series_dir=str(directory), base=state.base)
     for item in exported:

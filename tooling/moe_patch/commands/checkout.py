@@ -16,6 +16,6 @@ def checkout(
 
 
 def export(
-    tree: Path, series_root: Path | None = None, check: bool = False
+    tree: Path, series_root: Path | None = None, check: bool = False, author: str | None = None
 ) -> workflow.ExportResult:
-    return workflow.export_tree(tree, series_root, check)
+    return workflow.export_tree(tree, series_root, check, author)
