@@ -109,6 +109,12 @@ def test_pr_bodies_follow_the_template_with_the_measured_numbers(made):
     split_k = (out / "swap-ab-split-k.md").read_text()
     assert "python benchmarks/kernels/benchmark_moe.py --model deepseek-ai/DeepSeek-V3" in split_k
     assert "Before: vLLM 0.33.0 as released" in split_k
+    # vLLM 0.33.0's AGENTS.md: every item it asks an AI-assisted description to state is answered.
+    for text in (body, backend, split_k):
+        asked = text.split("## What AGENTS.md asks a description to state\n\n", 1)[1]
+        asked = asked.split("\n---\n", 1)[0].strip().splitlines()
+        assert len(asked) == 4 and not [line for line in asked if line.startswith("- [ ]")]
+        assert "AI assistance was used: an AI coding agent" in asked[3]
     machine = (str(work), str(Path.home()), tempfile.gettempdir(), str(pr.results_dir()))
     for text in (body, backend, split_k):
         assert not [path for path in machine if path in text]  # no path of this machine

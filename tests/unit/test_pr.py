@@ -67,6 +67,7 @@ def pr_series(tmp_path, monkeypatch):
                     f"Upstream-Test: {JIT_TEST}",
                     "Upstream-Results: h200-jit-sweep.json",
                     f"Upstream-Benchmark: {JIT_BENCHMARK}",
+                    "Assisted-by: an AI coding agent",
                     f"Signed-off-by: {PATCH_AUTHOR}",
                 ],
             },
@@ -164,6 +165,11 @@ def test_branches_per_pending_patch_with_signoff_title_and_description(pr_series
             "Signed-off-by: Jane Dev <jane.dev@users.noreply.github.com>"
         )
         assert "Upstream-" not in message  # the series' own trailers stay in the series
+        if branch == "moe-patch/jit-annotations":  # its attribution, in git's trailer block
+            assert message.rstrip().endswith(
+                "Assisted-by: an AI coding agent\n"
+                "Signed-off-by: Jane Dev <jane.dev@users.noreply.github.com>"
+            )
         assert (
             git(clone, "log", "-1", "--format=%an <%ae>", branch)
             == "Jane Dev <jane.dev@users.noreply.github.com>"
@@ -484,3 +490,58 @@ def test_an_end_to_end_report_is_shown_per_engine(tmp_path, monkeypatch):
     assert "| a-moe-patched | TRITON | 78.40 | 3.92 | 8.33 | 2757 |" in text
     assert "a-moe-broken" not in text  # an engine that did not run has no row
     assert "`python -m moe_e2e.run --staged staged --out here`" in text
+
+
+AGENTS = """# Agent Instructions
+
+### Accountability
+
+- PR descriptions for AI-assisted work **must** include:
+    - Why this is not duplicating an existing PR.
+    - Test commands run and results.
+    - Model evaluation results when the change affects output, accuracy, or serving.
+    - Clear statement that AI assistance was used.
+    - A haiku about the change.
+- Another rule that is not about the description.
+"""
+
+
+def test_required_items_are_read_from_the_rules():
+    from moe_patch import contribution
+
+    assert contribution.required_items(AGENTS) == [
+        "Why this is not duplicating an existing PR.",
+        "Test commands run and results.",
+        "Model evaluation results when the change affects output, accuracy, or serving.",
+        "Clear statement that AI assistance was used.",
+        "A haiku about the change.",
+    ]
+    assert contribution.required_items("# No such list\n- a rule\n") == []
+
+
+def test_descriptions_state_what_the_targets_contribution_rules_ask(pr_series, clone, tmp_path):
+    git(clone, "checkout", "-q", "main")
+    (clone / "AGENTS.md").write_text(AGENTS)
+    git(clone, "add", "AGENTS.md")
+    git(clone, "commit", "-qm", "contribution rules")
+    out = tmp_path / "prs"
+    result = run("pr", "--source", str(clone), "--onto", "main", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    head = git(clone, "rev-parse", "main")[:12]
+    jit = (out / "jit-annotations.md").read_text()
+    asked = jit.split("## What AGENTS.md asks a description to state\n\n", 1)[1].splitlines()
+    assert asked[0].startswith(
+        f"- Why this is not duplicating an existing PR. `main` ({head}) does not have this change"
+    )
+    assert '--search "Do not specialise on token counts"' in asked[0]
+    assert asked[1].startswith("- Test commands run and results. Run while preparing this branch: ")
+    assert "ruff-check: pass; ruff-format: pass." in asked[1]
+    assert f"`pytest {JIT_TEST}`, `{JIT_BENCHMARK}`" in asked[1]
+    assert asked[2].endswith("No model accuracy evaluation was run for this change.")
+    assert asked[3] == (
+        "- Clear statement that AI assistance was used. AI assistance was used: an AI coding "
+        "agent (the commit's `Assisted-by:` trailer). The submitter reviews every changed line."
+    )
+    assert asked[4] == "- [ ] A haiku about the change."  # no answer: left to the submitter
+    feature = (out / "feature.md").read_text()
+    assert "The patch records no AI assistance (no `Assisted-by:`)." in feature

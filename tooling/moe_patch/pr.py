@@ -42,7 +42,8 @@ from pathlib import Path
 import git
 from packaging.version import InvalidVersion, Version
 
-from . import applier, gitutil, lint, series, verify
+from . import applier, contribution, gitutil, lint, series, verify
+from .contribution import RULES_PATH
 from .errors import MoePatchError, StateError, UsageError
 from .identity import is_placeholder
 from .patchfile import Patch
@@ -219,13 +220,20 @@ def body_for(patch: Patch) -> str:
 
 
 def commit_message(patch: Patch, name: str, email: str) -> str:
-    lines = [title_for(patch), "", body_for(patch), ""]
+    body = body_for(patch)
     author = patch.author
     trailers = []
     if author and email.lower() not in author.lower() and not is_placeholder(author):
         trailers.append(f"Co-authored-by: {author}")
     trailers.append(f"Signed-off-by: {name} <{email}>")
-    return "\n".join(lines + trailers) + "\n"
+    *paragraphs, last = body.split("\n\n")
+    if paragraphs and all(_TRAILER_LINE.match(line) for line in last.splitlines()):
+        body = "\n\n".join(paragraphs)  # the patch's own kept trailers (Assisted-by:) lead
+        trailers = last.splitlines() + trailers
+    return "\n".join([title_for(patch), "", body, "", *trailers]) + "\n"
+
+
+_TRAILER_LINE = re.compile(r"^[A-Za-z][A-Za-z0-9-]*: \S")
 
 
 # --- the work -----------------------------------------------------------------------
@@ -452,15 +460,19 @@ def prepare(
             previous = outcome
 
     fork = _fork_remote(source)
-    try:
-        template = gitutil.run(source, "show", f"{onto_commit}:{TEMPLATE_PATH}")
-    except git.GitCommandError:
-        template = None  # the target has no template: the default sections
+    template, rules = (_file_at(source, onto_commit, p) for p in (TEMPLATE_PATH, RULES_PATH))
     for outcome in report.outcomes:
         if outcome.branch:
             patch = next(p for p in patches if p.id == outcome.id)
-            _write_description(out, patch, outcome, report, fork, template)
+            _write_description(out, patch, outcome, report, fork, template, rules)
     return report
+
+
+def _file_at(repo: Path, commit: str, path: str) -> str | None:
+    try:
+        return gitutil.run(repo, "show", f"{commit}:{path}")
+    except git.GitCommandError:
+        return None  # the target has no such file
 
 
 def _make_branch(
@@ -685,16 +697,22 @@ def _runnable(command: str) -> str:
 
 
 def description(
-    patch: Patch, outcome: PrOutcome, report: PrReport, template: str | None = None
+    patch: Patch,
+    outcome: PrOutcome,
+    report: PrReport,
+    template: str | None = None,
+    rules: str | None = None,
 ) -> str:
     """The pull request's description: the target's own template (``TEMPLATE_PATH`` at
-    ``--onto``) with every section filled, its checklist and footer kept; without one,
-    Purpose / Test Plan / Test Result."""
+    ``--onto``) with every section filled, its checklist and footer kept (without one,
+    Purpose / Test Plan / Test Result), and what the target's contribution rules
+    (``RULES_PATH``) ask a description to state."""
     sections = description_sections(patch, outcome)
+    asked = _contribution_section(patch, outcome, report, rules)
     if not template:
         return (
             f"## Purpose\n\n{sections['purpose']}\n\n## Test Plan\n\n{sections['plan']}\n\n"
-            f"## Test Result\n\n{sections['results']}\n"
+            f"## Test Result\n\n{sections['results']}\n" + (f"\n{asked}\n" if asked else "")
         )
     head, rule, footer = template.partition("\n---\n")
     out = []
@@ -707,16 +725,42 @@ def description(
         heading = first[3:].strip().lower()
         kind = next((k for words, k in _HEADING_KINDS if any(w in heading for w in words)), None)
         out.append(f"{first}\n\n{sections.get(kind) or 'Not applicable.'}")
+    if asked:
+        out.append(asked)
     text = "\n\n".join(part for part in out if part) + "\n"
     return (text + (rule + footer if rule else "")).rstrip("\n") + "\n"
 
 
+def _contribution_section(
+    patch: Patch, outcome: PrOutcome, report: PrReport, rules: str | None
+) -> str | None:
+    items = contribution.required_items(rules or "")
+    if not items:
+        return None
+    title = (outcome.title or title_for(patch)).split("] ", 1)[-1]
+    lines = contribution.answers(
+        items,
+        target=f"`{report.onto}` ({report.onto_commit[:12]})",
+        search=" ".join(title.split()[:6]).replace('"', ""),
+        checks=[line.split(" (", 1)[0] for line in outcome.lint],
+        untested=[f"pytest {t}" for t in outcome.tests] + upstreaming(patch).benchmarks,
+        assisted_by=patch.trailer_values("Assisted-by"),
+    )
+    return f"## What {contribution.RULES_PATH} asks a description to state\n\n" + "\n".join(lines)
+
+
 def _write_description(
-    out: Path, patch: Patch, outcome: PrOutcome, report: PrReport, fork: tuple[str, str], template
+    out: Path,
+    patch: Patch,
+    outcome: PrOutcome,
+    report: PrReport,
+    fork: tuple[str, str],
+    template: str | None,
+    rules: str | None,
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{patch.id}.md"
-    path.write_text(description(patch, outcome, report, template))
+    path.write_text(description(patch, outcome, report, template, rules))
     outcome.description = str(path)
     base = pr_base(report.onto)
     title = (outcome.title or "").replace('"', '\\"')
