@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from .installed import InstalledReport
 
 APPLIED = "applied"
 APPLIED_3WAY = "applied (3-way)"
@@ -103,3 +107,64 @@ def render_clean(report) -> str:
     lines += [f"kept {path}: another moe-patch run is using it" for path in report.in_use]
     lines.append(f"{verb} {len(report.removed)} item(s), {_mib(report.bytes)}")
     return "\n".join(lines)
+
+
+def render_installed(report: InstalledReport) -> str:
+    lines = [f"vLLM {report.vllm} at {report.location}: {report.state}"]
+    if report.series_base:
+        lines[0] += f" (series v{report.series_base}"
+        lines[0] += f", moe-patch {report.moe_patch})" if report.moe_patch else ")"
+    if report.patches:
+        rows = [[p["id"], p.get("status", "")] for p in report.patches]
+        lines.append(render_table(["patch", "status"], rows, colour_column=1))
+    if report.files:
+        rows = [[f["path"], f["change"], f["now"]] for f in report.files]
+        lines.append(
+            render_table(
+                ["file", "change", "now"],
+                rows,
+                colour_column=2,
+                colours={"patched": "green", "release": "cyan", "changed": "red"},
+            )
+        )
+    for path in report.skipped:
+        lines.append(f"skipped (not installed, not needed at run time): {path}")
+    if report.detail:
+        lines.append(report.detail)
+    return "\n".join(lines)
+
+
+def render_wheel(result) -> str:
+    rows = [[p["id"], p["status"], p["detail"]] for p in result.patches]
+    changed = ", ".join(f["path"] for f in result.files) or "none"
+    lines = [
+        f"{result.path}",
+        f"  vLLM {result.version} ({result.method}), {result.size / 1e6:.1f} MB, "
+        f"sha256 {result.sha256}",
+        f"  from {result.source} (sha256 {result.source_sha256[:16]}…), "
+        f"series base v{result.series_base}",
+        render_table(["patch", "status", "detail"], rows, colour_column=1),
+        f"files changed: {changed}",
+    ]
+    for item in result.skipped:
+        lines.append(f"skipped (not in the wheel, not needed at run time): {item['path']}")
+    lines.append(f"done in {result.seconds:.1f} s")
+    return "\n".join(lines)
+
+
+def render_rebase_steps(state) -> str:
+    rows = [
+        [
+            s.id,
+            s.result,
+            (s.commit or "")[:12],
+            (
+                f"Applied-Upstream: {s.applied_upstream} ({s.detail})"
+                if s.applied_upstream
+                else s.detail
+            ),
+        ]
+        for s in state.steps
+    ]
+    header = f"rebase of series v{state.base} onto vLLM {state.onto} in {state.tree}"
+    return header + "\n" + render_table(["patch", "result", "commit", "detail"], rows)

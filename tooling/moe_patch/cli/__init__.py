@@ -1,0 +1,107 @@
+"""The ``moe-patch`` command line: one click group, one error policy, one module per command.
+
+Each ``cli/<command>.py`` parses options and prints; the work is done by the library API
+(:mod:`moe_patch.commands` and the engines it calls), which tests call directly.  Every
+failure reaches the user through :class:`_Group`: one line on stderr and a documented exit
+code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+import git
+
+from .. import __version__, gitutil
+from ..errors import (
+    EXIT_CODES_HELP,
+    EXIT_INTERNAL,
+    EXIT_LOCAL_IO,
+    LOCAL_IO_WORDS,
+    MoePatchError,
+)
+from . import apply, checkout, clean, export, list_, pr, rebase, revert, status, verify, wheel
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class _Group(click.Group):
+    """The one error policy: every failure is one line on stderr and a documented exit code
+    (a :class:`MoePatchError`'s own, 11 for a local read or write, 1 for a bug), never a
+    traceback."""
+
+    def list_commands(self, ctx):
+        return list(self.commands)  # the order of COMMANDS below, not alphabetical
+
+    def invoke(self, ctx):
+        gitutil.isolate_process()
+        try:
+            return super().invoke(ctx)
+        except MoePatchError as exc:
+            click.secho(f"moe-patch: error: {exc.message}", err=True, fg="red")
+            sys.exit(exc.exit_code)
+        except OSError as exc:  # disk full, read-only or unwritable: one line, not a traceback
+            where = f" ({exc.filename})" if exc.filename else ""
+            click.secho(
+                f"moe-patch: error: {exc.strerror or exc}{where}; what this run wrote was "
+                "rolled back: free space or fix permissions, then run the same command again",
+                err=True,
+                fg="red",
+            )
+            sys.exit(EXIT_LOCAL_IO)
+        except git.GitCommandError as exc:
+            click.secho(f"moe-patch: error: {_git_failure(exc)}", err=True, fg="red")
+            sys.exit(EXIT_LOCAL_IO if LOCAL_IO_WORDS.search(str(exc.stderr)) else EXIT_INTERNAL)
+        except KeyboardInterrupt:
+            click.secho("moe-patch: interrupted; run the same command again to finish", err=True)
+            sys.exit(130)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a bug: one line, the traceback only on request
+            if os.environ.get("MOE_PATCH_DEBUG"):
+                raise
+            click.secho(
+                f"moe-patch: internal error: {type(exc).__name__}: {exc}; please report it with "
+                "the command you ran (MOE_PATCH_DEBUG=1 shows the traceback)",
+                err=True,
+                fg="red",
+            )
+            sys.exit(EXIT_INTERNAL)
+
+
+def _git_failure(exc: git.GitCommandError) -> str:
+    """One line for a git command that failed: which command and git's last words."""
+    last = gitutil.last_words(str(exc.stderr or "")) or f"exit {exc.status}"
+    verb = exc.command[1] if isinstance(exc.command, list) and len(exc.command) > 1 else "git"
+    if LOCAL_IO_WORDS.search(str(exc.stderr)):
+        return (
+            f"git {verb} could not write ({last}); free space or fix permissions, "
+            "then run the same command again"
+        )
+    return f"git {verb} failed ({last}); please report it with the command you ran"
+
+
+@click.group(cls=_Group, context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+@click.version_option(__version__, prog_name="moe-patch")
+def main():
+    """Apply, verify and ship the moe-patch series for vLLM's FP8 fused-MoE path."""
+
+
+# The commands, in the order --help lists them: users first, then maintainers.
+COMMANDS = (
+    apply.command,
+    list_.command,
+    wheel.command,
+    status.command,
+    revert.command,
+    clean.command,
+    verify.command,
+    rebase.command,
+    checkout.command,
+    export.command,
+    pr.command,
+)
+for _command in COMMANDS:
+    main.add_command(_command)

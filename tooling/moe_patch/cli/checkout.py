@@ -1,0 +1,38 @@
+"""``moe-patch checkout``: the series as commits on its base release, to edit with git."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..commands.checkout import checkout
+from ..errors import EXIT_PATCH_FAILED, EXIT_STATE, FETCHING, command_epilog
+from ..report import render_table
+from .options import index_option, series_option
+
+
+@click.command(
+    "checkout",
+    epilog=command_epilog(
+        ["moe-patch checkout --vllm 0.21.0 work/series-0.20   # then edit with git, export"],
+        FETCHING | {EXIT_PATCH_FAILED, EXIT_STATE},
+    ),
+)
+@click.option(
+    "--vllm", "vllm", metavar="VERSION", required=True, help="The release whose series to edit."
+)
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@index_option
+@series_option
+def command(vllm, directory, index_url, series_root):
+    """The series serving VERSION as commits on its base release, in DIRECTORY.
+
+    Each commit is one patch, marked with a Patch-Filename trailer.  Edit with plain
+    git (commit --amend, rebase -i, new commits), then: moe-patch export DIRECTORY.
+    """
+    result = checkout(vllm, directory, series_root, index_url)
+    rows = [[p["id"], p["commit"][:12], p["subject"]] for p in result.patches]
+    click.echo(f"series v{result.base} checked out in {result.tree} on branch {result.branch}")
+    click.echo(render_table(["patch", "commit", "subject"], rows))
+    click.echo(f"edit with git on top of v{result.base}, then: moe-patch export {result.tree}")

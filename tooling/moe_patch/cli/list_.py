@@ -1,0 +1,37 @@
+"""``moe-patch list``: the series, its patches and their upstream status."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..commands.list import list_series
+from ..errors import EXIT_USAGE, command_epilog
+from ..report import render_table
+from .options import series_option
+
+
+@click.command(
+    "list",
+    epilog=command_epilog(["moe-patch list", "moe-patch list --vllm 0.33.0 --json"], {EXIT_USAGE}),
+)
+@click.option(
+    "--vllm",
+    "vllm",
+    metavar="VERSION",
+    help="Only the series that serves this release (exact version).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@series_option
+def command(vllm, as_json, series_root):
+    """Show the series: base releases, patches in order, upstream status."""
+    rows = list_series(vllm, series_root)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = [
+        [f"v{r['base']}", str(r["position"]), r["id"], r["upstream_status"], r["subject"]]
+        for r in rows
+    ]
+    click.echo(render_table(["base", "#", "patch", "upstream", "subject"], table))

@@ -1,0 +1,97 @@
+"""``moe-patch rebase``: the series carried onto another release, patch by patch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .. import rebase as rebase_engine
+from ..commands.rebase import rebase
+from ..errors import (
+    EXIT_CONFLICT,
+    EXIT_PATCH_FAILED,
+    EXIT_STATE,
+    FETCHING,
+    RebaseStopped,
+    UsageError,
+    command_epilog,
+)
+from ..report import render_rebase_steps
+from .options import index_option, series_option
+
+
+@click.command(
+    "rebase",
+    epilog=command_epilog(
+        [
+            "moe-patch rebase --onto 0.34.0 --into work/rebase-0.34",
+            "moe-patch rebase --continue --into work/rebase-0.34   # after resolving",
+            "moe-patch rebase --abort --into work/rebase-0.34",
+        ],
+        FETCHING | {EXIT_PATCH_FAILED, EXIT_STATE, EXIT_CONFLICT},
+    ),
+)
+@click.option("--onto", metavar="VERSION", help="The release to carry the series onto.")
+@click.option(
+    "--from",
+    "base",
+    metavar="BASE",
+    help="The series base to carry [default: the newest base older than --onto].",
+)
+@click.option(
+    "--source",
+    type=click.Path(path_type=Path),
+    help="Take the --onto release from this checkout or unpacked tree (copied).",
+)
+@click.option("--git", "git_url", metavar="URL", help="Clone tag vVERSION from this remote.")
+@click.option(
+    "--any-base",
+    is_flag=True,
+    help="Take a --source that is not the release (untagged, a branch) as --onto anyway.",
+)
+@click.option(
+    "--into",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Work tree of the rebase [default: ./vllm-VERSION-rebase].",
+)
+@click.option("--continue", "continue_", is_flag=True, help="Go on after resolving a conflict.")
+@click.option("--skip", is_flag=True, help="Drop the conflicting patch from the new series.")
+@click.option("--abort", is_flag=True, help="Give up: remove the rebase's work tree.")
+@index_option
+@series_option
+def command(
+    onto, base, source, git_url, any_base, into, continue_, skip, abort, index_url, series_root
+):
+    """Replay the series onto another release with 3-way merges, patch by patch.
+
+    Each patch is clean, refreshed (its context moved), dropped because the release
+    already has it (recorded as Applied-Upstream in the old patch), or a conflict:
+    then the rebase stops with conflict markers in the tree, like git rebase.  When
+    every patch is done the new series is written to patches/vVERSION/ and a
+    range-diff of the old series against the new one is printed.
+    """
+    actions = [a for a, on in (("continue", continue_), ("skip", skip), ("abort", abort)) if on]
+    if len(actions) > 1:
+        raise UsageError("give one of --continue, --skip, --abort")
+    action = actions[0] if actions else None
+    try:
+        result = rebase(onto, base, into, source, git_url, action, series_root, index_url, any_base)
+    except RebaseStopped as stopped:
+        click.echo(render_rebase_steps(stopped.state))
+        click.echo(rebase_engine.resolve_instructions(stopped.state))
+        raise
+    if action == "abort":
+        click.echo(
+            f"rebase onto vLLM {result.onto} aborted: removed {result.tree}; "
+            "the series directories were not touched"
+        )
+        return
+    click.echo(render_rebase_steps(result.state))
+    count = sum(1 for s in result.state.steps if s.commit)
+    click.echo(f"new series: {result.series_dir} ({count} patch{'es' if count != 1 else ''})")
+    for entry in result.recorded:
+        click.echo(f"recorded Applied-Upstream: {entry['version']} in {entry['path']}")
+    click.echo(f"work tree: {result.state.tree} (edit, commit, then moe-patch export)")
+    click.echo(f"\nrange-diff v{result.state.base} -> v{result.state.onto}:")
+    click.echo(result.range_diff or "(both series are empty)")

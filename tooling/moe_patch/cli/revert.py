@@ -1,0 +1,27 @@
+"""``moe-patch revert --installed``: apply --installed undone, byte for byte."""
+
+from __future__ import annotations
+
+import click
+
+from .. import installed
+from ..errors import EXIT_BUSY, EXIT_LOCAL_IO, EXIT_STATE, EXIT_USAGE, UsageError, command_epilog
+from ..report import render_installed
+from .options import installed_required, json_option, target_option
+
+
+@click.command(
+    "revert",
+    epilog=command_epilog(
+        ["moe-patch revert --installed"], {EXIT_USAGE, EXIT_BUSY, EXIT_STATE, EXIT_LOCAL_IO}
+    ),
+)
+@installed_required
+@target_option
+@json_option
+def command(installed_, target, as_json):
+    """Undo apply --installed: every file back byte for byte, RECORD included."""
+    if not installed_:
+        raise UsageError("moe-patch revert works on an installed vLLM: pass --installed")
+    report = installed.revert(target)
+    click.echo(report.to_json() if as_json else render_installed(report))

@@ -1,0 +1,32 @@
+"""``moe-patch status --installed``: whether the installed vLLM is patched, file by file."""
+
+from __future__ import annotations
+
+import click
+
+from .. import installed
+from ..errors import EXIT_LOCAL_IO, EXIT_USAGE, UsageError, command_epilog
+from ..report import render_installed
+from .options import installed_required, json_option, series_option, target_option
+
+
+@click.command(
+    "status",
+    epilog=command_epilog(
+        [
+            "moe-patch status --installed",
+            "moe-patch status --installed --target /opt/venv/lib/python3.12/site-packages",
+        ],
+        {EXIT_USAGE, EXIT_LOCAL_IO},
+    ),
+)
+@installed_required
+@target_option
+@json_option
+@series_option
+def command(installed_, target, as_json, series_root):
+    """Say whether the installed vLLM is patched, with what, and file by file."""
+    if not installed_:
+        raise UsageError("moe-patch status works on an installed vLLM: pass --installed")
+    report = installed.status(target, series_root)
+    click.echo(report.to_json() if as_json else render_installed(report))
