@@ -173,3 +173,41 @@ def test_shipped_series_is_well_formed():
             assert len(patch.reason) > 40, f"{patch.path.name} does not say why it exists"
             for declaration in patch.trailer_values("Upstream-Probe"):
                 probes.parse(declaration, patch.path.name)
+
+
+def _project(folder):
+    (folder / "patches").mkdir(parents=True)
+    (folder / "patches" / "README.md").write_text("# the series\n")
+    (folder / "pyproject.toml").write_text('[project]\nname = "moe-patch"\n')
+    return folder
+
+
+def test_the_series_is_the_one_of_the_checkout_you_stand_in(tmp_path, monkeypatch):
+    """A second clone of the project, with the tool installed from the first: commands run
+    inside the second one read (and rebase writes) its own patches/."""
+    monkeypatch.delenv("MOE_PATCH_SERIES", raising=False)
+    clone = _project(tmp_path / "my-clone")
+    (clone / "tooling").mkdir()
+    monkeypatch.chdir(clone / "tooling")
+    assert series.default_root() == clone / "patches"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "patches").mkdir()  # a patches/ folder of something that is not moe-patch
+    (elsewhere / "patches" / "README.md").write_text("not ours\n")
+    (elsewhere / "pyproject.toml").write_text('[project]\nname = "other"\n')
+    monkeypatch.chdir(elsewhere)
+    installed_from = Path(series.__file__).resolve().parents[2] / "patches"
+    assert series.default_root() == (
+        installed_from if (installed_from / "README.md").is_file() else series.packaged_root()
+    )
+    monkeypatch.setenv("MOE_PATCH_SERIES", str(tmp_path / "mine"))
+    assert series.default_root() == tmp_path / "mine"
+
+
+def test_the_shipped_copy_is_never_written(tmp_path, monkeypatch):
+    shipped = tmp_path / "site-packages" / "moe_patch" / "_series"
+    (shipped / "v1.0.0").mkdir(parents=True)
+    monkeypatch.setattr(series, "packaged_root", lambda: shipped)
+    with pytest.raises(UsageError, match="the copy shipped inside the installed moe-patch"):
+        series.require_writable(shipped, "rebase")
+    series.require_writable(_project(tmp_path / "clone") / "patches", "rebase")  # a checkout: fine

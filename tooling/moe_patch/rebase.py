@@ -160,6 +160,7 @@ def start(
     if source and git_url:
         raise UsageError("give either --source or --git, not both")
     root = (series_root or series.default_root()).expanduser().absolute()
+    series.require_writable(root, "rebase")
     known = series.bases(root)
     if base is None:
         older = [b for b in known if Version(b) < Version(onto)]

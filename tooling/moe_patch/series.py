@@ -15,6 +15,7 @@ whose patches fall back to a 3-way merge when their context has moved.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -28,16 +29,58 @@ from .patchfile import Patch
 SERIES_FILE = "series"
 
 
+_PROJECT_NAME = re.compile(r'^name\s*=\s*["\']moe-patch["\']', re.MULTILINE)
+
+
 def default_root() -> Path:
-    """``$MOE_PATCH_SERIES``; else the checkout's ``patches/`` when running from one
-    (editable install); else the copy of it shipped inside the installed package."""
+    """``$MOE_PATCH_SERIES``; else the ``patches/`` of the moe-patch checkout the current
+    directory is in; else that of the checkout moe-patch is installed from (editable);
+    else the copy shipped inside the installed package (read-only, see
+    :func:`require_writable`)."""
     configured = os.environ.get("MOE_PATCH_SERIES")
     if configured:
         return Path(configured)
-    checkout = Path(__file__).resolve().parents[2] / "patches"
-    if (checkout / "README.md").is_file():
-        return checkout
+    try:
+        here = _checkout_around(Path.cwd())
+    except OSError:  # the current directory is gone
+        here = None
+    if here is not None:
+        return here / "patches"
+    installed_from = Path(__file__).resolve().parents[2]
+    if (installed_from / "patches" / "README.md").is_file():
+        return installed_from / "patches"
+    return packaged_root()
+
+
+def packaged_root() -> Path:
     return Path(str(resources.files("moe_patch") / "_series"))
+
+
+def _checkout_around(start: Path) -> Path | None:
+    """The nearest folder at or above ``start`` that is a moe-patch checkout."""
+    for folder in (start, *start.parents):
+        if (folder / "patches" / "README.md").is_file():
+            try:
+                text = (folder / "pyproject.toml").read_text(errors="replace")
+            except OSError:
+                continue
+            if _PROJECT_NAME.search(text):
+                return folder
+    return None
+
+
+def require_writable(root: Path, command: str) -> None:
+    """Refuse to write a series into the copy shipped inside the installed package."""
+    shipped = packaged_root()
+    try:
+        inside = root.resolve().is_relative_to(shipped.resolve())
+    except OSError:
+        inside = False
+    if inside and shipped.is_dir():
+        raise UsageError(
+            f"{command} writes a series, and {root} is the copy shipped inside the installed "
+            "moe-patch: run it from a moe-patch checkout, or pass --patches DIR"
+        )
 
 
 @dataclass

@@ -387,6 +387,7 @@ def export_tree(
             ui.warn(f"{item.name}: {problem} (verify will fail on it)")
     if check or not result.changed:
         return result
+    series.require_writable(directory.parent, "export")
     directory.mkdir(parents=True, exist_ok=True)
     for item in exported:
         target = directory / item.name
