@@ -3,9 +3,9 @@
 For each model shape, GEMM (``up``: hidden -> 2 x intermediate; ``down``:
 intermediate -> hidden with routed weights), quantisation and token count M,
 every variant (a tree, its launch config chosen by that tree's own dispatch)
-is timed the way ``shared/CONTEXT.md`` describes: one CUDA graph holding
-``LAUNCHES`` back-to-back launches that rotate over ``COPIES`` separate weight
-copies (so weights come from HBM, not the 60 MB L2), replayed ``REPLAYS``
+is timed in one CUDA graph holding ``LAUNCHES`` back-to-back launches that
+rotate over ``COPIES`` separate weight copies (so weights come from HBM, not
+the 60 MB L2), replayed ``REPLAYS``
 times; the median replay divided by ``LAUNCHES`` is the time per call.  The
 output is poisoned with NaN and checked against a float64 reference on the
 first and last weight copy before timing.
@@ -115,7 +115,7 @@ def sm_count(cpu_fallback: int) -> int:
     return cpu_fallback
 
 
-def _graph_time_us(fn, replays: int = REPLAYS) -> list[float]:
+def graph_time_us(fn, replays: int = REPLAYS) -> list[float]:
     """Per-replay µs of a CUDA graph holding one call of ``fn``, after
     ``WARMUP_REPLAYS`` untimed replays."""
     if DEVICE == "cpu":
@@ -148,12 +148,12 @@ def measure_bandwidth(gib: float = 4.0) -> dict[str, float]:
     grid = (triton.cdiv(n, block * iters),)
     out = torch.empty(grid[0], dtype=torch.int32, device=DEVICE)
     read_us = statistics.median(
-        _graph_time_us(lambda: _stream_read_kernel[grid](x, out, n, BLOCK=block, ITERS=iters))
+        graph_time_us(lambda: _stream_read_kernel[grid](x, out, n, BLOCK=block, ITERS=iters))
     )
     if int(out.to(torch.int64).sum()) != int(x.to(torch.int64).sum()):
         raise RuntimeError("stream-read kernel summed wrongly: bandwidth figure is void")
     y = torch.empty_like(x)
-    copy_us = statistics.median(_graph_time_us(lambda: y.copy_(x)))
+    copy_us = statistics.median(graph_time_us(lambda: y.copy_(x)))
     nbytes = x.numel() * 4
     return {"read_gbps": nbytes / read_us / 1e3, "copy_gbps": 2 * nbytes / copy_us / 1e3}
 
@@ -325,7 +325,7 @@ def time_variant(
         for i in range(launches):
             launch(i % COPIES)
 
-    per_call = [t / launches for t in _graph_time_us(all_copies, replays)]
+    per_call = [t / launches for t in graph_time_us(all_copies, replays)]
     return {
         "shape": shape.name,
         "gemm": case["gemm"],
@@ -411,12 +411,12 @@ def run_layer_case(variants, shape, quant, M, weights, gen, bandwidth) -> list[d
     # In one process the first layer graph timed ran ~15% faster than the same graph
     # timed again later (H200, Qwen3-30B M=1: 55 vs 64-65 µs, whichever variant came
     # first): one warm-up timing is discarded, then two rounds in opposite orders.
-    _graph_time_us(measured[variants[0].label][0])
+    graph_time_us(measured[variants[0].label][0])
     per_call: dict[str, list[float]] = {v.label: [] for v in variants}
     for order in (variants, variants[::-1]):
         for variant in order:
             all_copies, calls = measured[variant.label][:2]
-            per_call[variant.label] += [t / calls for t in _graph_time_us(all_copies)]
+            per_call[variant.label] += [t / calls for t in graph_time_us(all_copies)]
     results = []
     for variant in variants:
         _, _, config, source, swap, run, error = measured[variant.label]

@@ -33,9 +33,9 @@ from .bench import (
     DEVICE,
     LAUNCHES,
     SHAPES,
-    _graph_time_us,
     command_line,
     environment,
+    graph_time_us,
     measure_bandwidth,
 )
 
@@ -101,8 +101,8 @@ def measure(case, bandwidth) -> dict:
     want = buffers[(launches - 1) % COPIES].view(programs, words).to(torch.int64).sum(1)
     if not torch.equal(out.to(torch.int64), want):
         raise RuntimeError("tile-read kernel summed wrongly")
-    empty_us = statistics.median(_graph_time_us(empty)) / launches
-    read_us = statistics.median(_graph_time_us(read)) / launches
+    empty_us = statistics.median(graph_time_us(empty)) / launches
+    read_us = statistics.median(graph_time_us(read)) / launches
     floor_us = programs * words * 4 / bandwidth["read_gbps"] / 1e3
     return {
         "shape": shape_name, "gemm": gemm, "M": M, "experts_hit": hit, "BLOCK_SIZE_N": block_n,

@@ -38,9 +38,9 @@ from .bench import (
     DEVICE,
     LAUNCHES,
     REPLAYS,
-    _graph_time_us,
     command_line,
     environment,
+    graph_time_us,
     measure_bandwidth,
     sm_count,
 )
@@ -123,7 +123,7 @@ def _time_read(
         for i in range(launches):
             read(i)
 
-    return [t / launches for t in _graph_time_us(all_copies, replays)]
+    return [t / launches for t in graph_time_us(all_copies, replays)]
 
 
 def best_read(nbytes: int, sms: int) -> dict:

@@ -66,7 +66,7 @@ def test_hopper_fp8_without_ep_selects_triton(oracle, flashinfer, allow_vllm_cut
 @pytest.mark.parametrize(
     "scheme, allow_vllm_cutlass, flashinfer, upstream_backend",
     [
-        # the case: per-tensor FP8, static activation scales, FlashInfer
+        # the case the selector exists for: per-tensor FP8, static activation scales, FlashInfer
         # installed as vLLM's CUDA requirements install it
         ("tensor-static", False, True, "FLASHINFER_CUTLASS"),
         ("tensor-static", True, True, "FLASHINFER_CUTLASS"),
