@@ -43,6 +43,7 @@ from packaging.version import InvalidVersion, Version
 from . import __version__, cache, release_diff, series, versions
 from . import wheel as wheels
 from .errors import IntegrityError, LocalIOError, StateError, UsageError
+from .report import as_json
 
 PROJECT = "vllm"
 STATE_DIR = "moe-patch"
@@ -260,7 +261,7 @@ class InstalledReport:
     detail: str = ""
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        return as_json(self)
 
 
 def _lock(install: Install):

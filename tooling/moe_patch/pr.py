@@ -36,7 +36,7 @@ import json
 import re
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import git
@@ -47,6 +47,7 @@ from .contribution import RULES_PATH
 from .errors import MoePatchError, StateError, UsageError
 from .identity import is_placeholder
 from .patchfile import Patch
+from .report import as_json
 from .upstreaming import Upstreaming, upstreaming
 
 DEFAULT_PREFIX = "moe-patch/"
@@ -113,9 +114,7 @@ class PrReport:
         return all(o.status != FAILED for o in self.outcomes)
 
     def to_json(self) -> str:
-        data = asdict(self)
-        data["ok"] = self.ok
-        return json.dumps(data, indent=2)
+        return as_json(self, ok=self.ok)
 
 
 # --- inputs -------------------------------------------------------------------------

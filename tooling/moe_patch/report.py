@@ -18,6 +18,12 @@ FAILED = "failed"
 NOT_ATTEMPTED = "not attempted"
 SKIPPED = "skipped"
 
+
+def as_json(report, **extra) -> str:
+    """A report (a dataclass) as indented JSON, ``extra`` keys added or replacing fields."""
+    return json.dumps({**asdict(report), **extra}, indent=2)
+
+
 _COLOURS = {APPLIED: "green", APPLIED_3WAY: "green", UPSTREAM: "cyan", FAILED: "red"}
 
 

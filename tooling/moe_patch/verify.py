@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import git
@@ -42,7 +42,7 @@ from packaging.version import Version
 from . import applier, export, gitutil, index, lint, patchfile, probes, series, sources, trees
 from .errors import MoePatchError, UsageError
 from .pipconfig import index_settings
-from .report import APPLIED, FAILED, render_table
+from .report import APPLIED, FAILED, as_json, render_table
 from .upstreaming import upstreaming
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
@@ -97,10 +97,7 @@ class VerifyReport:
         return Counter(c.status for _, c in self.all_checks())
 
     def to_json(self) -> str:
-        data = asdict(self)
-        data["ok"] = self.ok
-        data["counts"] = dict(self.counts())
-        return json.dumps(data, indent=2)
+        return as_json(self, ok=self.ok, counts=dict(self.counts()))
 
 
 # --- which releases -----------------------------------------------------------------

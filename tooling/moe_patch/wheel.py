@@ -46,6 +46,7 @@ from wheel.wheelfile import WheelError, WheelFile
 from . import __version__, cache, children, index, release_diff, ui
 from .errors import LOCAL_IO_WORDS, IntegrityError, LocalIOError, NetworkError, UsageError
 from .pipconfig import IndexSettings, index_settings
+from .report import as_json
 
 PROJECT = "vllm"
 LOCAL_PREFIX = "moe"
@@ -257,9 +258,7 @@ class WheelResult:
     seconds: float = 0.0
 
     def to_json(self) -> str:
-        from dataclasses import asdict
-
-        return json.dumps(asdict(self), indent=2)
+        return as_json(self)
 
 
 def _b64(digest: bytes) -> str:
