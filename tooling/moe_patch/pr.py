@@ -182,12 +182,14 @@ def ref_version(repo: Path, commit: str, name: str) -> str | None:
 
 
 def results_dir() -> Path:
+    """``MOE_PATCH_RESULTS``, else ``kernels/results`` of the moe-patch checkout (without
+    one, descriptions say that a results file was not found)."""
     import os
 
     configured = os.environ.get("MOE_PATCH_RESULTS")
     if configured:
         return Path(configured)
-    return Path(__file__).resolve().parents[2] / "kernels" / "results"
+    return series.project_path("kernels", "results") or Path("kernels", "results")
 
 
 # --- commit messages ----------------------------------------------------------------

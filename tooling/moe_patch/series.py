@@ -40,16 +40,20 @@ def default_root() -> Path:
     configured = os.environ.get("MOE_PATCH_SERIES")
     if configured:
         return Path(configured)
+    return project_path("patches") or packaged_root()
+
+
+def project_path(*parts: str) -> Path | None:
+    """``parts`` inside the moe-patch checkout around the current directory, else inside
+    the checkout moe-patch is installed from (editable); None when there is neither."""
     try:
         here = _checkout_around(Path.cwd())
     except OSError:  # the current directory is gone
         here = None
-    if here is not None:
-        return here / "patches"
     installed_from = Path(__file__).resolve().parents[2]
-    if (installed_from / "patches" / "README.md").is_file():
-        return installed_from / "patches"
-    return packaged_root()
+    if here is None and _checkout_around(installed_from) == installed_from:
+        here = installed_from
+    return here.joinpath(*parts) if here is not None else None
 
 
 def packaged_root() -> Path:

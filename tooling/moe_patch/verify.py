@@ -349,7 +349,7 @@ def kernel_tests_dir() -> Path:
     configured = os.environ.get("MOE_PATCH_KERNEL_TESTS")
     if configured:
         return Path(configured).absolute()
-    return Path(__file__).resolve().parents[2] / "tests" / "kernels"
+    return series.project_path("tests", "kernels") or Path("tests", "kernels").absolute()
 
 
 def check_kernels(tree: Path, python: str | None) -> Check:
