@@ -389,13 +389,8 @@ def test_every_command_shows_examples_that_parse_and_only_its_exit_codes():
     assert "10  export --check" not in CliRunner().invoke(main, ["apply", "--help"]).output
 
 
-def test_a_source_repacked_while_moe_patch_clones_it(fake_index, series_root, tmp_path):
-    """git's gc on the user's --source, running while moe-patch clones it, moves objects
-    between loose files and packs: each apply either succeeds or fails in one line with a
-    documented exit code, and never leaves a partial --into behind."""
-    import threading
-
-    source = tmp_path / "src"
+def _release_checkout(source: Path, notes: int = 0) -> Path:
+    """A git checkout of release 1.0.0's files, with ``notes`` extra commits of loose objects."""
     for name, text in release_files("1.0.0").items():
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         (source / name).write_text(text)
@@ -404,12 +399,66 @@ def test_a_source_repacked_while_moe_patch_clones_it(fake_index, series_root, tm
     git(source, "config", "user.email", "jane.dev@users.noreply.github.com")
     git(source, "add", "-A", "-f")
     git(source, "commit", "-q", "-m", "release")
-    for step in range(40):  # loose objects for gc to pack
+    for step in range(notes):
         (source / "notes" / f"{step}.txt").parent.mkdir(exist_ok=True)
         (source / "notes" / f"{step}.txt").write_text(f"note {step}\n" * 50)
         git(source, "add", "-A")
         git(source, "commit", "-q", "-m", f"note {step}")
     git(source, "tag", "v1.0.0")
+    return source
+
+
+VANISHED_PACK = (
+    "fatal: failed to copy file to '/t/.git/objects/pack/pack-1.idx': No such file or directory"
+)
+
+
+@pytest.mark.parametrize("second_clone_fails", [False, True])
+def test_a_source_clone_that_loses_a_pack_is_retried_through_git_transport(
+    fake_index, series_root, tmp_path, monkeypatch, second_clone_fails
+):
+    """The local clone copies object files and fails when gc moves one away; the retry reads
+    through git's object store.  Two failures are the source's: exit 2, one line, no tree."""
+    from moe_patch import sources
+
+    source = _release_checkout(tmp_path / "src")
+    real = sources.gitutil.run
+    clones = []
+
+    def run(cwd, *args, **kwargs):
+        if "clone" in args:
+            clones.append(args)
+            if "--no-hardlinks" in args or second_clone_fails:
+                raise git_module.GitCommandError(["git", "clone"], 128, VANISHED_PACK.encode())
+        return real(cwd, *args, **kwargs)
+
+    monkeypatch.setattr(sources.gitutil, "run", run)
+    into = tmp_path / "t"
+    result = CliRunner().invoke(
+        main, ["apply", "--vllm", "1.0.0", "--source", str(source), "--into", str(into)]
+    )
+    assert ["--no-hardlinks" in args for args in clones] == [True, False]
+    assert "--no-local" in clones[1]
+    if second_clone_fails:
+        assert result.exit_code == 2, result.output
+        assert "cannot clone --source" in result.stderr and "git fsck" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+        assert not into.exists()
+    else:
+        assert result.exit_code == 0, result.output
+        released = git(source, "rev-parse", "HEAD")
+        assert git(into, "merge-base", released, "HEAD") == released
+        assert git(into, "rev-parse", "HEAD") != released  # the series is on top
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_source_repacked_while_moe_patch_clones_it(fake_index, series_root, tmp_path):
+    """git's gc on the user's --source, running while moe-patch clones it, moves objects
+    between loose files and packs: each apply either succeeds or fails in one line with a
+    documented exit code, and never leaves a partial --into behind."""
+    import threading
+
+    source = _release_checkout(tmp_path / "src", notes=40)  # loose objects for gc to pack
     stop = threading.Event()
 
     def gc_forever():

@@ -259,9 +259,7 @@ def from_local(
     tmp = _fresh_target(into)
     try:
         if is_repo:
-            gitutil.run(
-                tmp.parent, "clone", "-q", "--no-checkout", "--no-hardlinks", str(source), str(tmp)
-            )
+            _clone_source(source, tmp)
             gitutil.run(tmp, "checkout", "-q", "--detach", repo.head.commit.hexsha)
             base = repo.head.commit.hexsha
         else:
@@ -273,6 +271,40 @@ def from_local(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return WorkTree(into, base, created=True)
+
+
+def _clone_source(source: Path, tmp: Path) -> None:
+    """Clone the user's checkout into ``tmp``, tolerating a ``git gc`` running on it.
+
+    The local clone copies ``.git/objects`` file by file (fast, no packing) and fails when a
+    repack moves a pack away mid-copy.  git's own transport reads objects through the object
+    store, which re-scans packs that vanish, so it is the retry; a second failure is the
+    source's to fix."""
+    try:
+        gitutil.run(
+            tmp.parent, "clone", "-q", "--no-checkout", "--no-hardlinks", str(source), str(tmp)
+        )
+        return
+    except git.GitCommandError as exc:
+        _raise_if_local_io(exc)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        gitutil.run(tmp.parent, "clone", "-q", "--no-checkout", "--no-local", str(source), str(tmp))
+    except git.GitCommandError as exc:
+        _raise_if_local_io(exc)
+        raise UsageError(
+            f"cannot clone --source {source} ({_git_reason(exc)}); if git is changing it (gc, "
+            "fetch), wait and run the same command again, otherwise check it with git fsck"
+        ) from None
+
+
+def _raise_if_local_io(exc: git.GitCommandError) -> None:
+    if LOCAL_IO_WORDS.search(str(exc.stderr or "")):
+        raise LocalIOError(
+            f"cannot write the copy of --source ({_git_reason(exc)}); free space or fix "
+            "permissions, then run the same command again"
+        ) from None
 
 
 def existing(into: Path, version: str, recorded_base: str | None) -> WorkTree:
