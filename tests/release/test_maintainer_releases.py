@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 from moe_patch import applier, gitutil, patchfile, probes, series, sources
 from moe_patch.cli import main
+from moe_patch.settings import default_series_root
 from releases import SUPPORTED
 from support import tree_digest
 from synthetic import CONFLICTING_DECORATOR, FUSED_MOE, RENAMED, next_release
@@ -164,9 +165,9 @@ def test_verify_lists_the_supported_releases():
 
 
 def test_checkout_export_round_trip_on_the_shipped_series(tmp_path):
-    before = tree_digest(series.default_root())
+    before = tree_digest(default_series_root())
     result = run("checkout", "--vllm", NEWEST, tmp_path / "work")
     assert result.exit_code == 0, result.output
     check = run("export", tmp_path / "work", "--check")
     assert check.exit_code == 0, check.output
-    assert "unchanged" in check.stdout and tree_digest(series.default_root()) == before
+    assert "unchanged" in check.stdout and tree_digest(default_series_root()) == before

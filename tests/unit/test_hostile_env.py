@@ -263,12 +263,12 @@ def test_an_unexpected_exception_is_one_line_exit_1_unless_debugging(
     cache_dir, fake_index, series_root, tmp_path, monkeypatch
 ):
     fake_index.add("1.0.0")
-    from moe_patch.commands import apply as apply_module
+    from moe_patch import trees
 
     def broken(*args, **kwargs):
         raise KeyError("boom")
 
-    monkeypatch.setattr(apply_module, "resolve_version", broken)
+    monkeypatch.setattr(trees, "resolve_version", broken)
     args = ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "t")]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1

@@ -422,7 +422,7 @@ def test_descriptions_default_to_the_git_directory(pr_series, clone):
     assert state(clone) == before
 
 
-def test_benchmark_results_become_a_before_after_table(tmp_path, monkeypatch):
+def test_benchmark_results_become_a_before_after_table(tmp_path):
     rows = [
         {"shape": "s", "gemm": "layer", "quant": "block", "M": m, "variant": v, "us": us}
         for m, v, us in [
@@ -434,8 +434,7 @@ def test_benchmark_results_become_a_before_after_table(tmp_path, monkeypatch):
     ]  # fmt: skip
     data = {"command": "python -m moe_kernels.bench …", "environment": {"gpu": "G"}, "rows": rows}
     (tmp_path / "bench.json").write_text(json.dumps(data))
-    monkeypatch.setenv("MOE_PATCH_RESULTS", str(tmp_path))
-    text = pr.results_section(pr.Upstreaming(tag="[Perf]", results="bench.json"))
+    text = pr.results_section(pr.Upstreaming(tag="[Perf]", results="bench.json"), tmp_path)
     table = [line for line in text.splitlines() if line.startswith("| s ")]
     assert table == [
         "| s | layer | block | 1 | 80.0 | 64.0 | 1.25× |",
@@ -459,7 +458,7 @@ def test_a_placeholder_author_is_never_a_co_author(pr_series):
     assert pr.is_placeholder(shipped) and not pr.is_placeholder("A <a@vllm.ai>")
 
 
-def test_an_end_to_end_report_is_shown_per_engine(tmp_path, monkeypatch):
+def test_an_end_to_end_report_is_shown_per_engine(tmp_path):
     from moe_patch.upstreaming import Upstreaming
 
     def engine(name, backend, tpot, rate):
@@ -482,8 +481,7 @@ def test_an_end_to_end_report_is_shown_per_engine(tmp_path, monkeypatch):
     }
     (tmp_path / "e2e").mkdir()
     (tmp_path / "e2e" / "run.json").write_text(json.dumps(report))
-    monkeypatch.setenv("MOE_PATCH_RESULTS", str(tmp_path))
-    text = pr.results_section(Upstreaming(results="e2e/run.json"))
+    text = pr.results_section(Upstreaming(results="e2e/run.json"), tmp_path)
     assert "vLLM 1.0.0 wheels" in text and "Test GPU 9000" in text
     assert "| engine | MoE backend | TTFT 4000 tok | TPOT B=1 | TPOT B=16 | tok/s |" in text
     assert "| a-moe-official | VLLM_CUTLASS | 102.80 | 5.14 | 9.61 | 2456 |" in text

@@ -44,14 +44,14 @@ def branch_name(version: str) -> str:
     return f"moe-patch/v{version}"
 
 
-def read_state(tree: Path) -> dict:
+def read_applied(tree: Path) -> dict:
     try:
         return json.loads((git_dir(tree) / STATE_FILE).read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _write_state(tree: Path, state: dict) -> None:
+def _write_applied(tree: Path, state: dict) -> None:
     data = (json.dumps(state, indent=1, sort_keys=True) + "\n").encode()
     cache.write_atomic(git_dir(tree) / STATE_FILE, data)  # a kill never leaves half a file
 
@@ -197,7 +197,7 @@ def apply_series(
     )
     repo = gitutil.open_repo(tree)
     with target_lock(tree):
-        state = read_state(tree)
+        state = read_applied(tree)
         running = state.get("running") or {}
         if running:
             _recover_interrupted(tree)
@@ -216,7 +216,7 @@ def apply_series(
 
         if not running:
             _refuse_unsaved_detached_head(tree, base)
-        _write_state(tree, {**state, "running": {"branch": branch, "from": previous}})
+        _write_applied(tree, {**state, "running": {"branch": branch, "from": previous}})
         gitutil.run(tree, "checkout", "-q", "--detach", base)
         fetched_base = Version(series.base) == Version(version)
         failed = False
@@ -252,9 +252,9 @@ def apply_series(
         heads[branch] = head
         done = {"heads": heads, "bases": {**state.get("bases", {}), branch: base}}
         # A kill between these two writes leaves "running" set with both heads known.
-        _write_state(tree, {**done, "running": {"branch": branch, "from": previous, "to": head}})
+        _write_applied(tree, {**done, "running": {"branch": branch, "from": previous, "to": head}})
         gitutil.run(tree, "checkout", "-q", "-B", branch, head)
-        _write_state(tree, done)
+        _write_applied(tree, done)
     return report
 
 
@@ -289,7 +289,7 @@ def _refuse_unsaved_detached_head(tree: Path, base: str) -> None:
 
 
 def recorded_base(tree: Path, version: str) -> str | None:
-    return read_state(tree).get("bases", {}).get(branch_name(version))
+    return read_applied(tree).get("bases", {}).get(branch_name(version))
 
 
 def _branch_head(tree: Path, branch: str) -> str | None:

@@ -44,6 +44,7 @@ from . import __version__, cache, release_diff, series, versions
 from . import wheel as wheels
 from .errors import IntegrityError, LocalIOError, StateError, UsageError
 from .report import as_json
+from .settings import Settings
 
 PROJECT = "vllm"
 STATE_DIR = "moe-patch"
@@ -200,7 +201,7 @@ class State:
         return cls(**raw)
 
 
-def read_state(install: Install) -> State | None:
+def read_patch_record(install: Install) -> State | None:
     path = install.state_dir / STATE_FILE
     if not path.is_file():
         return None
@@ -318,16 +319,16 @@ def _release_version(install: Install, requested: str | None) -> str:
 def apply(
     target: Path | None = None,
     vllm: str | None = None,
-    index_url: str | None = None,
-    series_root: Path | None = None,
+    settings: Settings | None = None,
     only: list[str] | None = None,
 ) -> InstalledReport:
+    settings = settings or Settings.resolve()
     install = find(target)
     version = _release_version(install, vllm)
     report = InstalledReport("apply", install.version, str(install.dist_info), "patched")
     built = _wheel_build_info(install)
     if built is not None:
-        chosen = series.for_version(version, series_root)
+        chosen = series.for_version(version, settings.series_root)
         same = bool(built) and [p.get("sha256") for p in built.get("patches", [])] == [
             hashlib.sha256(p.path.read_bytes()).hexdigest() for p in chosen.patches
         ]
@@ -343,8 +344,8 @@ def apply(
         )
     _check_version_module(install)
     with _lock(install):
-        state = read_state(install)
-        rdiff = release_diff.build(version, index_url, series_root, only)
+        state = read_patch_record(install)
+        rdiff = release_diff.build(version, settings, only)
         patches = _patch_list(rdiff)
         if state is not None:
             if state.status == APPLIED and state.patches == patches:
@@ -630,7 +631,7 @@ def revert(target: Path | None = None) -> InstalledReport:
     install = find(target)
     report = InstalledReport("revert", install.version, str(install.dist_info), "not patched")
     with _lock(install):
-        state = read_state(install)
+        state = read_patch_record(install)
         if state is None:
             if install.state_dir.exists():  # killed before its state was written
                 shutil.rmtree(install.state_dir)
@@ -724,7 +725,8 @@ def _fill(report: InstalledReport, state: State, install: Install) -> None:
     ]
 
 
-def status(target: Path | None = None, series_root: Path | None = None) -> InstalledReport:
+def status(target: Path | None = None, settings: Settings | None = None) -> InstalledReport:
+    settings = settings or Settings.resolve()
     install = find(target)
     report = InstalledReport("status", install.version, str(install.dist_info), "not patched")
     built = _wheel_build_info(install)
@@ -736,10 +738,10 @@ def status(target: Path | None = None, series_root: Path | None = None) -> Insta
             {"path": p, "change": "modified", "now": "patched"} for p in built.get("files", [])
         ]
         return report
-    state = read_state(install)
+    state = read_patch_record(install)
     if state is None:
         try:
-            chosen = series.for_version(Version(install.version).public, series_root)
+            chosen = series.for_version(Version(install.version).public, settings.series_root)
             report.series_base = chosen.base
             report.detail = (
                 f"series v{chosen.base} serves it ({len(chosen.patches)} patches): "

@@ -48,6 +48,7 @@ from .errors import MoePatchError, StateError, UsageError
 from .identity import is_placeholder
 from .patchfile import Patch
 from .report import as_json
+from .settings import Settings
 from .upstreaming import Upstreaming, upstreaming
 
 DEFAULT_PREFIX = "moe-patch/"
@@ -179,17 +180,6 @@ def ref_version(repo: Path, commit: str, name: str) -> str | None:
         if not version.is_devrelease and not version.is_prerelease:
             return str(version)
     return None
-
-
-def results_dir() -> Path:
-    """``MOE_PATCH_RESULTS``, else ``kernels/results`` of the moe-patch checkout (without
-    one, descriptions say that a results file was not found)."""
-    import os
-
-    configured = os.environ.get("MOE_PATCH_RESULTS")
-    if configured:
-        return Path(configured)
-    return series.project_path("kernels", "results") or Path("kernels", "results")
 
 
 # --- commit messages ----------------------------------------------------------------
@@ -367,10 +357,11 @@ def prepare(
     out: Path | None = None,
     prefix: str = DEFAULT_PREFIX,
     only: list[str] | None = None,
-    series_root: Path | None = None,
+    settings: Settings | None = None,
     force: bool = False,
-    index_url: str | None = None,
 ) -> PrReport:
+    settings = settings or Settings.resolve()
+    series_root, index_url = settings.series_root, settings.index_url
     source = source.expanduser().absolute()
     repo = gitutil.open_repo(source)
     if repo.bare:
@@ -465,7 +456,8 @@ def prepare(
     for outcome in report.outcomes:
         if outcome.branch:
             patch = next(p for p in patches if p.id == outcome.id)
-            _write_description(out, patch, outcome, report, fork, template, rules)
+            text = describe(patch, outcome, report, template, rules, settings.results_dir)
+            _write_description(out, patch, outcome, report, fork, text)
     return report
 
 
@@ -513,10 +505,12 @@ def _make_branch(
 # --- the PR description -------------------------------------------------------------
 
 
-def results_section(plan: Upstreaming) -> str:
+def results_section(plan: Upstreaming, results_dir: Path) -> str:
+    """The Test Result section: the measurements ``plan.results`` names, under
+    ``results_dir`` (the project's ``kernels/results``)."""
     if not plan.results:
         return "No benchmark results are recorded for this change."
-    path = results_dir() / plan.results
+    path = results_dir / plan.results
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -652,7 +646,7 @@ _HEADING_KINDS = (
 _COMMENT = re.compile(r"<!--(?!\s*markdownlint).*?-->\s*", re.S)
 
 
-def description_sections(patch: Patch, outcome: PrOutcome) -> dict[str, str]:
+def description_sections(patch: Patch, outcome: PrOutcome, results_dir: Path) -> dict[str, str]:
     """What a pull request for ``patch`` says, by kind of section."""
     plan = upstreaming(patch)
     tests = outcome.tests or []
@@ -666,7 +660,8 @@ def description_sections(patch: Patch, outcome: PrOutcome) -> dict[str, str]:
         if outcome.stacked_on
         else ""
     )
-    results = [results_section(plan)]
+    claims = results_section(plan, results_dir)
+    results = [claims]
     if tests:
         results += ["", "New tests, to be run on a GPU with this branch installed:", ""]
         results += [f"- `pytest {t} -v`" for t in tests]
@@ -676,7 +671,7 @@ def description_sections(patch: Patch, outcome: PrOutcome) -> dict[str, str]:
     body = body_for(patch)
     return {
         "purpose": body.split("\n\n", 1)[0] + stacked,
-        "claims": results_section(plan),
+        "claims": claims,
         "validation": "\n".join(plan_lines) + "\n\n" + "\n".join(results),
         "plan": "\n".join(plan_lines),
         "results": "\n".join(results),
@@ -697,18 +692,19 @@ def _runnable(command: str) -> str:
     return f"`{command}`"
 
 
-def description(
+def describe(
     patch: Patch,
     outcome: PrOutcome,
     report: PrReport,
-    template: str | None = None,
-    rules: str | None = None,
+    template: str | None,
+    rules: str | None,
+    results_dir: Path,
 ) -> str:
     """The pull request's description: the target's own template (``TEMPLATE_PATH`` at
     ``--onto``) with every section filled, its checklist and footer kept (without one,
     Purpose / Test Plan / Test Result), and what the target's contribution rules
     (``RULES_PATH``) ask a description to state."""
-    sections = description_sections(patch, outcome)
+    sections = description_sections(patch, outcome, results_dir)
     asked = _contribution_section(patch, outcome, report, rules)
     if not template:
         return (
@@ -756,12 +752,11 @@ def _write_description(
     outcome: PrOutcome,
     report: PrReport,
     fork: tuple[str, str],
-    template: str | None,
-    rules: str | None,
+    text: str,
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{patch.id}.md"
-    path.write_text(description(patch, outcome, report, template, rules))
+    path.write_text(text)
     outcome.description = str(path)
     base = pr_base(report.onto)
     title = (outcome.title or "").replace('"', '\\"')

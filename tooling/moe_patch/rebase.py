@@ -47,6 +47,7 @@ from . import (
 )
 from .errors import MoePatchError, RebaseStopped, StateError, UsageError
 from .pipconfig import index_settings
+from .settings import Settings, require_writable
 
 STATE_DIR = "moe-patch-rebase"
 CLEAN = "clean"
@@ -151,16 +152,16 @@ def start(
     into: Path | None = None,
     source: Path | None = None,
     git_url: str | None = None,
-    series_root: Path | None = None,
-    index_url: str | None = None,
+    settings: Settings | None = None,
     any_base: bool = False,
 ) -> RebaseResult:
     """Carry the series for ``base`` (default: the newest base older than ``onto``) onto
     release ``onto``; stops with :class:`RebaseStopped` at the first conflict."""
     if source and git_url:
         raise UsageError("give either --source or --git, not both")
-    root = (series_root or series.default_root()).expanduser().absolute()
-    series.require_writable(root, "rebase")
+    settings = settings or Settings.resolve()
+    root, index_url = settings.series_root, settings.index_url
+    require_writable(root, "rebase")
     known = series.bases(root)
     if base is None:
         older = [b for b in known if Version(b) < Version(onto)]
@@ -519,7 +520,9 @@ def _finish(state: RebaseState) -> RebaseResult:
             recorded = _record_applied_upstream(root / f"v{state.base}" / step.name, state, step)
             if recorded:
                 result.recorded.append({"path": recorded, "version": step.applied_upstream})
-    workflow.write_state(tree, workflow.WorkflowState(state.onto, state.onto_commit, str(target)))
+    workflow.write_checkout_record(
+        tree, workflow.CheckoutRecord(state.onto, state.onto_commit, str(target))
+    )
     old_range = f"{state.base_commit}..{state.old_head}"
     new_range = f"{state.onto_commit}..HEAD"
     try:

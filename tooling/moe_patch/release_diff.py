@@ -30,6 +30,7 @@ from . import applier, gitutil, series, sources
 from .errors import PatchFailed
 from .patchfile import check_path
 from .report import ApplyReport
+from .settings import Settings
 
 ADDED, MODIFIED, DELETED = "added", "modified", "deleted"
 
@@ -85,12 +86,13 @@ class Plan:
 
 def build(
     version: str,
-    index_url: str | None = None,
-    series_root: Path | None = None,
+    settings: Settings | None = None,
     only: list[str] | None = None,
 ) -> ReleaseDiff:
     """Apply the series serving ``version`` to its source tree; keep the diff."""
-    chosen = series.for_version(version, series_root)
+    settings = settings or Settings.resolve()
+    index_url = settings.index_url
+    chosen = series.for_version(version, settings.series_root)
     patches = chosen.select(only)
     scratch = Path(tempfile.mkdtemp(prefix="moe-patch-release-"))
     try:

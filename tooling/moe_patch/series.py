@@ -14,10 +14,7 @@ whose patches fall back to a 3-way merge when their context has moved.
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
@@ -25,66 +22,9 @@ from packaging.version import InvalidVersion, Version
 from . import patchfile
 from .errors import PatchFormatError, UsageError
 from .patchfile import Patch
+from .settings import default_series_root
 
 SERIES_FILE = "series"
-
-
-_PROJECT_NAME = re.compile(r'^name\s*=\s*["\']moe-patch["\']', re.MULTILINE)
-
-
-def default_root() -> Path:
-    """``$MOE_PATCH_SERIES``; else the ``patches/`` of the moe-patch checkout the current
-    directory is in; else that of the checkout moe-patch is installed from (editable);
-    else the copy shipped inside the installed package (read-only, see
-    :func:`require_writable`)."""
-    configured = os.environ.get("MOE_PATCH_SERIES")
-    if configured:
-        return Path(configured)
-    return project_path("patches") or packaged_root()
-
-
-def project_path(*parts: str) -> Path | None:
-    """``parts`` inside the moe-patch checkout around the current directory, else inside
-    the checkout moe-patch is installed from (editable); None when there is neither."""
-    try:
-        here = _checkout_around(Path.cwd())
-    except OSError:  # the current directory is gone
-        here = None
-    installed_from = Path(__file__).resolve().parents[2]
-    if here is None and _checkout_around(installed_from) == installed_from:
-        here = installed_from
-    return here.joinpath(*parts) if here is not None else None
-
-
-def packaged_root() -> Path:
-    return Path(str(resources.files("moe_patch") / "_series"))
-
-
-def _checkout_around(start: Path) -> Path | None:
-    """The nearest folder at or above ``start`` that is a moe-patch checkout."""
-    for folder in (start, *start.parents):
-        if (folder / "patches" / "README.md").is_file():
-            try:
-                text = (folder / "pyproject.toml").read_text(errors="replace")
-            except OSError:
-                continue
-            if _PROJECT_NAME.search(text):
-                return folder
-    return None
-
-
-def require_writable(root: Path, command: str) -> None:
-    """Refuse to write a series into the copy shipped inside the installed package."""
-    shipped = packaged_root()
-    try:
-        inside = root.resolve().is_relative_to(shipped.resolve())
-    except OSError:
-        inside = False
-    if inside and shipped.is_dir():
-        raise UsageError(
-            f"{command} writes a series, and {root} is the copy shipped inside the installed "
-            "moe-patch: run it from a moe-patch checkout, or pass --patches DIR"
-        )
 
 
 @dataclass
@@ -110,7 +50,7 @@ class Series:
 
 def bases(root: Path | None = None) -> list[str]:
     """The base releases that have a series directory, oldest first."""
-    root = root or default_root()
+    root = root or default_series_root()
     found = []
     if root.is_dir():
         for entry in root.iterdir():
@@ -136,7 +76,7 @@ def base_for(version: str, root: Path | None = None) -> str:
 
 def load(base: str, root: Path | None = None) -> Series:
     """Read and check every patch of the series for ``base`` (nothing is written)."""
-    directory = (root or default_root()) / f"v{base}"
+    directory = (root or default_series_root()) / f"v{base}"
     try:
         lines = (directory / SERIES_FILE).read_text().splitlines()
     except OSError:

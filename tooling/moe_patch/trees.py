@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 import git
 
-from . import cache, download, gitutil, index, ui
+from . import cache, download, gitutil, index, ui, versions
 from .errors import IntegrityError, UsageError, is_local_io
 from .pipconfig import index_settings
 
@@ -26,6 +26,22 @@ IDENTITY = ("moe-patch", "moe-patch@localhost")
 
 def release_tag(version: str) -> str:
     return f"v{version}"
+
+
+def resolve_version(
+    spec: str | None, index_url: str | None = None, offline_ok: bool = False
+) -> str:
+    """The release ``spec`` names (0.21: the newest 0.21.x); the index is asked only when
+    neither ``offline_ok`` nor the cache can answer for an exact version."""
+    if spec is None:
+        raise UsageError("say which release: --vllm VERSION (e.g. --vllm 0.21)")
+    if versions.is_exact(spec):
+        exact = str(versions.parse_spec(spec))
+        if offline_ok or cached_repo(exact):
+            return exact
+    settings = index_settings(index_url)
+    releases = [d.version for d in index.distributions(settings)]
+    return versions.resolve(spec, releases, settings.shown)
 
 
 def cached_repo(version: str) -> Path | None:

@@ -43,6 +43,7 @@ from . import applier, export, gitutil, index, lint, patchfile, probes, series, 
 from .errors import MoePatchError, UsageError
 from .pipconfig import index_settings
 from .report import APPLIED, FAILED, as_json, render_table
+from .settings import Settings
 from .upstreaming import upstreaming
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
@@ -103,21 +104,22 @@ class VerifyReport:
 # --- which releases -----------------------------------------------------------------
 
 
-def supported_releases(series_root: Path | None = None, index_url: str | None = None) -> list[str]:
+def supported_releases(settings: Settings | None = None) -> list[str]:
     """Every release on the package index that a series serves (from the oldest base on)."""
-    known = series.bases(series_root)
+    settings = settings or Settings.resolve()
+    known = series.bases(settings.series_root)
     if not known:
-        raise UsageError(f"there is no series under {series_root or series.default_root()}")
+        raise UsageError(f"there is no series under {settings.series_root}")
     oldest = Version(known[0])
-    releases = [d.version for d in index.distributions(index_settings(index_url))]
+    releases = [d.version for d in index.distributions(index_settings(settings.index_url))]
     return sorted({v for v in releases if Version(v) >= oldest}, key=Version)
 
 
 # --- series-level checks ------------------------------------------------------------
 
 
-def check_integrity(base: str, series_root: Path | None = None) -> Check:
-    directory = (series_root or series.default_root()) / f"v{base}"
+def check_integrity(base: str, series_root: Path) -> Check:
+    directory = series_root / f"v{base}"
     problems: list[str] = []
     try:
         lines = (directory / series.SERIES_FILE).read_text().splitlines()
@@ -345,15 +347,7 @@ def _touches_patch(tree: Path, formatter_diff: str, name: str, base: str) -> boo
     return False
 
 
-def kernel_tests_dir() -> Path:
-    configured = os.environ.get("MOE_PATCH_KERNEL_TESTS")
-    if configured:
-        return Path(configured).absolute()
-    return series.project_path("tests", "kernels") or Path("tests", "kernels").absolute()
-
-
-def check_kernels(tree: Path, python: str | None) -> Check:
-    tests = kernel_tests_dir()
+def check_kernels(tree: Path, python: str | None, tests: Path) -> Check:
     if not tests.is_dir():
         return Check(
             "kernels", FAIL, f"no kernel tests at {tests} (set MOE_PATCH_KERNEL_TESTS to them)"
@@ -394,15 +388,16 @@ class _Job:
 
 
 def _run_job(
-    job: _Job, root: Path, index_url, kernels: bool, kernels_python, workdir: Path
+    job: _Job, settings: Settings, kernels: bool, kernels_python, workdir: Path
 ) -> tuple[ReleaseResult | None, Check | None]:
+    index_url = settings.index_url
     started = time.perf_counter()
     result = ReleaseResult(job.version, job.base) if job.release else None
     exported: Check | None = None
     into = Path(tempfile.mkdtemp(prefix=f"vllm-{job.version}-", dir=workdir))
     try:
         try:
-            chosen = series.load(job.base, root)
+            chosen = series.load(job.base, settings.series_root)
             work = sources.from_cache(job.version, into, index_url)
             report = applier.apply_series(
                 work.path, work.base, job.version, chosen, None, index_url
@@ -454,7 +449,9 @@ def _run_job(
             result.checks.append(check_ruff_lint(ruff, work.path, files, work.base))
             result.checks.append(check_ruff_format(ruff, work.path, files, work.base))
         if kernels:
-            result.checks.append(check_kernels(work.path, kernels_python))
+            result.checks.append(
+                check_kernels(work.path, kernels_python, settings.kernel_tests_dir)
+            )
         return result, exported
     finally:
         shutil.rmtree(into, ignore_errors=True)
@@ -483,22 +480,20 @@ def verify(
     kernels: bool = False,
     kernels_python: str | None = None,
     jobs: int | None = None,
-    series_root: Path | None = None,
-    index_url: str | None = None,
+    settings: Settings | None = None,
 ) -> VerifyReport:
     """Verify the series on ``versions`` (default: every supported release)."""
-    from .commands.apply import resolve_version
-
     started = time.perf_counter()
-    root = (series_root or series.default_root()).expanduser().absolute()
+    settings = settings or Settings.resolve()
+    root, index_url = settings.series_root, settings.index_url
     known = series.bases(root)
     if not known:
         raise UsageError(f"there is no series under {root}")
     if versions:
-        chosen = list(dict.fromkeys(resolve_version(v, index_url) for v in versions))
+        chosen = list(dict.fromkeys(trees.resolve_version(v, index_url) for v in versions))
         bases = sorted({series.base_for(v, root) for v in chosen}, key=Version)
     else:
-        chosen = supported_releases(root, index_url)
+        chosen = supported_releases(settings)
         bases = known
     plan: dict[str, _Job] = {}
     for version in chosen:
@@ -515,7 +510,7 @@ def verify(
     workdir = Path(tempfile.mkdtemp(prefix="moe-patch-verify-"))
     try:
         ordered = sorted(plan.values(), key=lambda j: Version(j.version))
-        arguments = (root, index_url, kernels, kernels_python, workdir)
+        arguments = (settings, kernels, kernels_python, workdir)
         if jobs == 1 or len(ordered) == 1:
             outcomes = [_run_job(j, *arguments) for j in ordered]
         else:

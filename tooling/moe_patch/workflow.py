@@ -31,6 +31,7 @@ import git
 from . import applier, cache, export, gitutil, identity, patchfile, series, sources, ui
 from .errors import MoePatchError, PatchFailed, StateError, UsageError
 from .patchfile import Patch
+from .settings import Settings, require_writable
 
 NAME_TRAILER = "Patch-Filename"
 STATE_FILE = "moe-patch-workflow.json"
@@ -224,25 +225,25 @@ def slug(subject: str) -> str:
     return text or "patch"
 
 
-# --- the workflow state of a tree ---------------------------------------------------
+# --- which series a checkout (or finished rebase) tree edits -------------------------
 
 
 @dataclass
-class WorkflowState:
+class CheckoutRecord:
     base: str  # the series base release, e.g. "0.20.0"
     base_commit: str
-    series_dir: str  # absolute path of patches/vX.Y.Z
+    series_dir: str  # absolute path of patches/vX.Y.Z: where export writes
 
 
-def write_state(tree: Path, state: WorkflowState) -> None:
-    path = applier.git_dir(tree) / STATE_FILE
-    path.write_text(json.dumps(asdict(state), indent=1, sort_keys=True) + "\n")
+def write_checkout_record(tree: Path, record: CheckoutRecord) -> None:
+    data = (json.dumps(asdict(record), indent=1, sort_keys=True) + "\n").encode()
+    cache.write_atomic(applier.git_dir(tree) / STATE_FILE, data)
 
 
-def read_state(tree: Path) -> WorkflowState | None:
+def read_checkout_record(tree: Path) -> CheckoutRecord | None:
     try:
         path = applier.git_dir(tree) / STATE_FILE
-        return WorkflowState(**json.loads(path.read_text()))
+        return CheckoutRecord(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, git.GitCommandError):
         return None
 
@@ -260,12 +261,11 @@ class CheckoutResult:
     patches: list[dict] = field(default_factory=list)
 
 
-def checkout(
-    version: str, into: Path, series_root: Path | None = None, index_url: str | None = None
-) -> CheckoutResult:
+def checkout(version: str, into: Path, settings: Settings | None = None) -> CheckoutResult:
     """The series serving ``version`` as commits on its base release in ``into``."""
-    base = series.base_for(version, series_root)
-    chosen = series.load(base, series_root)
+    settings = settings or Settings.resolve()
+    base = series.base_for(version, settings.series_root)
+    chosen = series.load(base, settings.series_root)
     into = into.expanduser().absolute()
     if into.exists() and any(into.iterdir()):
         raise UsageError(f"{into} exists and is not empty; choose another directory")
@@ -275,13 +275,15 @@ def checkout(
             f"{base}, where it applies exactly (make a series for {version} with rebase)"
         )
     existed = into.exists()
-    work = sources.from_cache(base, into, index_url)
+    work = sources.from_cache(base, into, settings.index_url)
     try:
         applier.check_symlinks(work.path, work.base, chosen.patches)
         commits = commit_series(work.path, work.base, chosen.patches)
         branch = applier.branch_name(base)
         gitutil.run(work.path, "checkout", "-q", "-B", branch)
-        write_state(work.path, WorkflowState(base, work.base, str(chosen.directory.absolute())))
+        write_checkout_record(
+            work.path, CheckoutRecord(base, work.base, str(chosen.directory.absolute()))
+        )
     except BaseException:
         shutil.rmtree(work.path, ignore_errors=True)
         if existed:
@@ -341,7 +343,7 @@ def export_tree(
     """Write the commits of a checkout (or finished rebase) tree back to its series."""
     tree = tree.expanduser().absolute()
     repo = gitutil.open_repo(tree)
-    state = read_state(tree)
+    state = read_checkout_record(tree)
     if state is None:
         raise UsageError(
             f"{tree} was not made by moe-patch checkout or rebase; "
@@ -387,7 +389,7 @@ def export_tree(
             ui.warn(f"{item.name}: {problem} (verify will fail on it)")
     if check or not result.changed:
         return result
-    series.require_writable(directory.parent, "export")
+    require_writable(directory.parent, "export")
     directory.mkdir(parents=True, exist_ok=True)
     for item in exported:
         target = directory / item.name

@@ -17,7 +17,14 @@ from ..errors import (
     command_epilog,
 )
 from ..report import render_apply, render_installed
-from .options import index_option, installed_flag, json_option, series_option, target_option
+from .options import (
+    index_option,
+    installed_flag,
+    json_option,
+    pass_settings,
+    series_option,
+    target_option,
+)
 
 
 @click.command(
@@ -65,6 +72,7 @@ from .options import index_option, installed_flag, json_option, series_option, t
 @installed_flag
 @target_option
 @series_option
+@pass_settings
 def command(
     vllm,
     into,
@@ -73,11 +81,10 @@ def command(
     in_place,
     any_base,
     only,
-    index_url,
     as_json,
     installed_,
     target,
-    series_root,
+    settings,
 ):
     """Create or update a vLLM work tree with the series applied, one commit per patch.
 
@@ -90,11 +97,11 @@ def command(
     if installed_ or target:
         if into or source or git_url or in_place:
             raise UsageError("--installed patches the installed vLLM; drop --into/--source/--git")
-        report = installed.apply(target, vllm, index_url, series_root, list(only) or None)
+        report = installed.apply(target, vllm, settings, list(only) or None)
         click.echo(report.to_json() if as_json else render_installed(report))
         return
     report = apply_tree(
-        vllm, into, source, git_url, in_place, list(only) or None, index_url, series_root, any_base
+        vllm, into, source, git_url, in_place, list(only) or None, settings, any_base
     )
     click.echo(report.to_json() if as_json else render_apply(report))
     if not report.ok:

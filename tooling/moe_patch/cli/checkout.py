@@ -9,7 +9,7 @@ import click
 from ..commands.checkout import checkout
 from ..errors import EXIT_PATCH_FAILED, EXIT_STATE, FETCHING, command_epilog
 from ..report import render_table
-from .options import index_option, series_option
+from .options import index_option, pass_settings, series_option
 
 
 @click.command(
@@ -25,13 +25,14 @@ from .options import index_option, series_option
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @index_option
 @series_option
-def command(vllm, directory, index_url, series_root):
+@pass_settings
+def command(vllm, directory, settings):
     """The series serving VERSION as commits on its base release, in DIRECTORY.
 
     Each commit is one patch, marked with a Patch-Filename trailer.  Edit with plain
     git (commit --amend, rebase -i, new commits), then: moe-patch export DIRECTORY.
     """
-    result = checkout(vllm, directory, series_root, index_url)
+    result = checkout(vllm, directory, settings)
     rows = [[p["id"], p["commit"][:12], p["subject"]] for p in result.patches]
     click.echo(f"series v{result.base} checked out in {result.tree} on branch {result.branch}")
     click.echo(render_table(["patch", "commit", "subject"], rows))

@@ -9,7 +9,7 @@ import click
 from ..commands.list import list_series
 from ..errors import EXIT_USAGE, command_epilog
 from ..report import render_table
-from .options import series_option
+from .options import pass_settings, series_option
 
 
 @click.command(
@@ -24,9 +24,10 @@ from .options import series_option
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @series_option
-def command(vllm, as_json, series_root):
+@pass_settings
+def command(vllm, as_json, settings):
     """Show the series: base releases, patches in order, upstream status."""
-    rows = list_series(vllm, series_root)
+    rows = list_series(vllm, settings)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

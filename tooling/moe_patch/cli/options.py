@@ -1,20 +1,55 @@
-"""Options that several commands share, defined once."""
+"""Options that several commands share, defined once, and the :class:`Settings` they make.
+
+``--patches`` and ``--index-url`` are not parameters of the command functions: they are
+remembered on the context, and :func:`pass_settings` hands the command one resolved
+:class:`~moe_patch.settings.Settings` (also left on ``ctx.obj``), which it passes down.
+"""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
+
+from ..settings import Settings
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value):
+    ctx.meta[f"moe_patch.{param.name}"] = value
+    return value
+
+
+def pass_settings(command):
+    """Call ``command`` with ``settings=``: the places and index this invocation uses."""
+
+    @functools.wraps(command)
+    def with_settings(*args, **kwargs):
+        ctx = click.get_current_context()
+        ctx.obj = Settings.resolve(
+            ctx.meta.get("moe_patch.series_root"), ctx.meta.get("moe_patch.index_url")
+        )
+        return command(*args, settings=ctx.obj, **kwargs)
+
+    return with_settings
+
 
 series_option = click.option(
     "--patches",
     "series_root",
     type=click.Path(file_okay=False, path_type=Path),
     envvar="MOE_PATCH_SERIES",
-    help="Series directory to use instead of the one shipped with moe-patch.",
+    expose_value=False,
+    callback=_remember,
+    help="Series directory [default: patches/ of the moe-patch checkout you are in, else the "
+    "series shipped with moe-patch].",
 )
 index_option = click.option(
-    "--index-url", metavar="URL", help="Package index to read releases from [default: pip's]."
+    "--index-url",
+    metavar="URL",
+    expose_value=False,
+    callback=_remember,
+    help="Package index to read releases from [default: pip's].",
 )
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print a machine-readable report."

@@ -15,7 +15,7 @@ from ..errors import (
     MoePatchError,
     command_epilog,
 )
-from .options import json_option, series_option
+from .options import index_option, json_option, pass_settings, series_option
 
 
 @click.command(
@@ -54,10 +54,11 @@ from .options import json_option, series_option
 )
 @click.option("--only", multiple=True, metavar="ID", help="Only this patch (repeatable).")
 @click.option("--force", is_flag=True, help="Replace branches of the same name.")
-@click.option("--index-url", metavar="URL", help="Package index for the series base release.")
+@index_option
 @json_option
 @series_option
-def command(source, onto, prefix, out, only, force, index_url, as_json, series_root):
+@pass_settings
+def command(source, onto, prefix, out, only, force, as_json, settings):
     """Make one upstream-ready branch per patch that vLLM lacks at --onto.
 
     Each branch holds its patch as one commit with a vLLM-style title ([Perf] ...),
@@ -68,9 +69,7 @@ def command(source, onto, prefix, out, only, force, index_url, as_json, series_r
     template is written per branch, with the git push and gh pr create commands.
     Nothing is pushed.
     """
-    report = engine.prepare(
-        source, onto, out, prefix, list(only) or None, series_root, force, index_url
-    )
+    report = engine.prepare(source, onto, out, prefix, list(only) or None, settings, force)
     click.echo(report.to_json() if as_json else engine.render(report))
     failed = [o.id for o in report.outcomes if o.status == engine.FAILED]
     if failed:

@@ -18,7 +18,7 @@ from ..errors import (
     command_epilog,
 )
 from ..report import render_rebase_steps
-from .options import index_option, series_option
+from .options import index_option, pass_settings, series_option
 
 
 @click.command(
@@ -60,9 +60,8 @@ from .options import index_option, series_option
 @click.option("--abort", is_flag=True, help="Give up: remove the rebase's work tree.")
 @index_option
 @series_option
-def command(
-    onto, base, source, git_url, any_base, into, continue_, skip, abort, index_url, series_root
-):
+@pass_settings
+def command(onto, base, source, git_url, any_base, into, continue_, skip, abort, settings):
     """Replay the series onto another release with 3-way merges, patch by patch.
 
     Each patch is clean, refreshed (its context moved), dropped because the release
@@ -76,7 +75,7 @@ def command(
         raise UsageError("give one of --continue, --skip, --abort")
     action = actions[0] if actions else None
     try:
-        result = rebase(onto, base, into, source, git_url, action, series_root, index_url, any_base)
+        result = rebase(onto, base, into, source, git_url, action, settings, any_base)
     except RebaseStopped as stopped:
         click.echo(render_rebase_steps(stopped.state))
         click.echo(rebase_engine.resolve_instructions(stopped.state))

@@ -7,7 +7,7 @@ import click
 from .. import installed
 from ..errors import EXIT_LOCAL_IO, EXIT_USAGE, UsageError, command_epilog
 from ..report import render_installed
-from .options import installed_required, json_option, series_option, target_option
+from .options import installed_required, json_option, pass_settings, series_option, target_option
 
 
 @click.command(
@@ -24,9 +24,10 @@ from .options import installed_required, json_option, series_option, target_opti
 @target_option
 @json_option
 @series_option
-def command(installed_, target, as_json, series_root):
+@pass_settings
+def command(installed_, target, as_json, settings):
     """Say whether the installed vLLM is patched, with what, and file by file."""
     if not installed_:
         raise UsageError("moe-patch status works on an installed vLLM: pass --installed")
-    report = installed.status(target, series_root)
+    report = installed.status(target, settings)
     click.echo(report.to_json() if as_json else render_installed(report))

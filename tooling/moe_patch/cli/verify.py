@@ -9,7 +9,7 @@ import click
 from .. import verify as verify_engine
 from ..commands.verify import releases, verify
 from ..errors import EXIT_VERIFY_FAILED, FETCHING, MoePatchError, command_epilog
-from .options import index_option, json_option, series_option
+from .options import index_option, json_option, pass_settings, series_option
 
 
 @click.command(
@@ -47,6 +47,7 @@ from .options import index_option, json_option, series_option
 @index_option
 @json_option
 @series_option
+@pass_settings
 def command(
     versions,
     all_releases,
@@ -54,9 +55,8 @@ def command(
     kernels_python,
     jobs,
     list_only,
-    index_url,
     as_json,
-    series_root,
+    settings,
 ):
     """Check the series on every supported release: one report, non-zero if anything fails.
 
@@ -67,11 +67,9 @@ def command(
     the kernel tests against the patched tree.
     """
     if list_only:
-        click.echo(json.dumps(releases(series_root, index_url)))
+        click.echo(json.dumps(releases(settings)))
         return
-    report = verify(
-        list(versions), all_releases, kernels, kernels_python, jobs, series_root, index_url
-    )
+    report = verify(list(versions), all_releases, kernels, kernels_python, jobs, settings)
     click.echo(report.to_json() if as_json else verify_engine.render(report))
     if not report.ok:
         failed = [f"{w} {c.name}" for w, c in report.all_checks() if c.status == "fail"]

@@ -9,7 +9,7 @@ import click
 from ..commands.wheel import METHODS, wheel
 from ..errors import EXIT_PATCH_FAILED, FETCHING, command_epilog
 from ..report import render_wheel
-from .options import index_option, json_option, series_option
+from .options import index_option, json_option, pass_settings, series_option
 
 
 @click.command(
@@ -54,7 +54,8 @@ from .options import index_option, json_option, series_option
 @index_option
 @json_option
 @series_option
-def command(vllm, out_dir, platform, method, no_build_isolation, index_url, as_json, series_root):
+@pass_settings
+def command(vllm, out_dir, platform, method, no_build_isolation, as_json, settings):
     """Build a patched vLLM wheel: vllm-X.Y.Z+moe.<series version>-….whl.
 
     The official wheel of the release (through pip, sha256-checked against the
@@ -64,5 +65,5 @@ def command(vllm, out_dir, platform, method, no_build_isolation, index_url, as_j
     Refuses, with the reason, a series that changes compiled sources or files the
     wheel lacks that matter at run time.
     """
-    result = wheel(vllm, out_dir, platform, index_url, series_root, method, not no_build_isolation)
+    result = wheel(vllm, out_dir, platform, settings, method, not no_build_isolation)
     click.echo(result.to_json() if as_json else render_wheel(result))

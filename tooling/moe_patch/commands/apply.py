@@ -5,25 +5,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .. import applier, index, series, sources, trees, versions
+from .. import applier, series, sources, trees
 from ..errors import UsageError
-from ..pipconfig import index_settings
 from ..report import ApplyReport
-
-
-def resolve_version(
-    spec: str | None, index_url: str | None = None, offline_ok: bool = False
-) -> str:
-    """The release ``spec`` names; the index is asked only when it must be."""
-    if spec is None:
-        raise UsageError("say which release: --vllm VERSION (e.g. --vllm 0.21)")
-    if versions.is_exact(spec):
-        exact = str(versions.parse_spec(spec))
-        if offline_ok or trees.cached_repo(exact):
-            return exact
-    settings = index_settings(index_url)
-    releases = [d.version for d in index.distributions(settings)]
-    return versions.resolve(spec, releases, settings.shown)
+from ..settings import Settings
 
 
 def apply(
@@ -33,10 +18,11 @@ def apply(
     git_url: str | None = None,
     in_place: bool = False,
     only: list[str] | None = None,
-    index_url: str | None = None,
-    series_root: Path | None = None,
+    settings: Settings | None = None,
     any_base: bool = False,
 ) -> ApplyReport:
+    settings = settings or Settings.resolve()
+    index_url = settings.index_url
     if source and git_url:
         raise UsageError("give either --source or --git, not both")
     if in_place and not source:
@@ -51,13 +37,13 @@ def apply(
         detected = sources.detect_version(source)
         if vllm is None and detected is None:
             raise UsageError(f"cannot tell which vLLM release {source} is; pass --vllm VERSION")
-    version = resolve_version(vllm or detected, index_url, offline_ok=bool(source or git_url))
+    version = trees.resolve_version(vllm or detected, index_url, offline_ok=bool(source or git_url))
     if source:
         sources.warn_version_mismatch(detected, version, source)
         sources.check_is_release(source, version, any_base, index_url)
     elif any_base:
         raise UsageError("--any-base is for a --source that is not a release; drop it")
-    chosen = series.for_version(version, series_root)
+    chosen = series.for_version(version, settings.series_root)
     chosen.select(only)  # reject unknown ids before touching anything
 
     target = (
@@ -67,7 +53,7 @@ def apply(
     try:
         return applier.apply_series(work.path, work.base, version, chosen, only, index_url)
     except BaseException:
-        if work.created and not applier.read_state(work.path).get("heads"):
+        if work.created and not applier.read_applied(work.path).get("heads"):
             shutil.rmtree(work.path, ignore_errors=True)  # nothing of value was made yet
         raise
 

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import workflow
-from .apply import resolve_version
+from .. import trees, workflow
+from ..settings import Settings
 
 
 def checkout(
-    vllm: str | None, into: Path, series_root: Path | None = None, index_url: str | None = None
+    vllm: str | None, into: Path, settings: Settings | None = None
 ) -> workflow.CheckoutResult:
-    version = resolve_version(vllm, index_url)
-    return workflow.checkout(version, into, series_root, index_url)
+    settings = settings or Settings.resolve()
+    version = trees.resolve_version(vllm, settings.index_url)
+    return workflow.checkout(version, into, settings)
 
 
 def export(
     tree: Path, series_root: Path | None = None, check: bool = False, author: str | None = None
 ) -> workflow.ExportResult:
+    """``series_root`` only for a tree ``checkout`` did not make (it records its own)."""
     return workflow.export_tree(tree, series_root, check, author)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from .. import series
+from ..errors import UsageError
+from ..settings import Settings
 
 
-def list_series(vllm: str | None = None, series_root: Path | None = None) -> list[dict]:
+def list_series(vllm: str | None = None, settings: Settings | None = None) -> list[dict]:
     """One entry per (base, patch); with ``vllm``, only the series serving it."""
+    series_root = (settings or Settings.resolve()).series_root
+    if not series.bases(series_root):
+        raise UsageError(
+            f"there is no series under {series_root}; give --patches the folder that holds "
+            "v<base>/series"
+        )
     chosen = [series.base_for(vllm, series_root)] if vllm else series.bases(series_root)
     rows = []
     for base in chosen:

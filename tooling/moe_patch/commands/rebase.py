@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import rebase as engine
-from .. import versions
+from .. import trees, versions
 from ..errors import UsageError
-from .apply import resolve_version
+from ..settings import Settings
 
 
 def rebase(
@@ -17,8 +17,7 @@ def rebase(
     source: Path | None = None,
     git_url: str | None = None,
     action: str | None = None,  # "continue" | "skip" | "abort"
-    series_root: Path | None = None,
-    index_url: str | None = None,
+    settings: Settings | None = None,
     any_base: bool = False,
 ):
     """A :class:`~moe_patch.rebase.RebaseResult` (or the aborted state); raises
@@ -29,6 +28,7 @@ def rebase(
         if action == "abort":
             return engine.abort(into)
         return engine.continue_(into) if action == "continue" else engine.skip(into)
+    settings = settings or Settings.resolve()
     if not onto:
         raise UsageError("say where to: --onto VERSION (or --continue, --skip, --abort)")
     if source or git_url:
@@ -36,7 +36,7 @@ def rebase(
             raise UsageError(f"with --source or --git, --onto needs an exact release, not {onto}")
         onto = str(versions.parse_spec(onto))
     else:
-        onto = resolve_version(onto, index_url)
+        onto = trees.resolve_version(onto, settings.index_url)
     if base is not None:
         base = str(versions.parse_spec(base))
-    return engine.start(onto, base, into, source, git_url, series_root, index_url, any_base)
+    return engine.start(onto, base, into, source, git_url, settings, any_base)

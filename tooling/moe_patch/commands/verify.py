@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from .. import verify as engine
 from ..errors import UsageError
+from ..settings import Settings
 
 
 def verify(
@@ -14,14 +13,13 @@ def verify(
     kernels: bool = False,
     kernels_python: str | None = None,
     jobs: int | None = None,
-    series_root: Path | None = None,
-    index_url: str | None = None,
+    settings: Settings | None = None,
 ) -> engine.VerifyReport:
     if versions and all_releases:
         raise UsageError("give --vllm VERSION or --all, not both")
-    return engine.verify(versions or None, kernels, kernels_python, jobs, series_root, index_url)
+    return engine.verify(versions or None, kernels, kernels_python, jobs, settings)
 
 
-def releases(series_root: Path | None = None, index_url: str | None = None) -> list[str]:
+def releases(settings: Settings | None = None) -> list[str]:
     """The releases ``verify --all`` covers (what a CI matrix runs over)."""
-    return engine.supported_releases(series_root, index_url)
+    return engine.supported_releases(settings)

@@ -8,11 +8,11 @@ import time
 import zipfile
 from pathlib import Path
 
-from .. import release_diff, series
+from .. import release_diff, series, trees
 from .. import wheel as wheels
 from ..errors import PatchFailed, UsageError
+from ..settings import Settings
 from .apply import apply as apply_tree
-from .apply import resolve_version
 
 METHODS = ("repack", "precompiled")
 
@@ -21,32 +21,31 @@ def wheel(
     vllm: str | None,
     out_dir: Path,
     platform: str | None = None,
-    index_url: str | None = None,
-    series_root: Path | None = None,
+    settings: Settings | None = None,
     method: str = "repack",
     build_isolation: bool = True,
 ) -> wheels.WheelResult:
     started = time.monotonic()
+    settings = settings or Settings.resolve()
+    index_url = settings.index_url
     if method not in METHODS:
         raise UsageError(f"--method is one of {', '.join(METHODS)}, not {method!r}")
     if not build_isolation and method != "precompiled":
         raise UsageError("--no-build-isolation only applies to --method precompiled")
-    version = resolve_version(vllm, index_url)
-    series.for_version(version, series_root)  # no series: say so before any download
+    version = trees.resolve_version(vllm, index_url)
+    series.for_version(version, settings.series_root)  # no series: say so before any download
     out_dir = out_dir.expanduser().absolute()
     official, dist = wheels.official_wheel(version, platform, index_url)
-    rdiff = release_diff.build(version, index_url, series_root)
+    rdiff = release_diff.build(version, settings)
     if method == "repack":
         result = wheels.build(official, dist, rdiff, out_dir)
     else:
-        result = _precompiled(
-            version, official, dist, rdiff, out_dir, index_url, series_root, build_isolation
-        )
+        result = _precompiled(version, official, dist, rdiff, out_dir, settings, build_isolation)
     result.seconds = round(time.monotonic() - started, 1)
     return result
 
 
-def _precompiled(version, official, dist, rdiff, out_dir, index_url, series_root, isolation):
+def _precompiled(version, official, dist, rdiff, out_dir, settings: Settings, isolation):
     with zipfile.ZipFile(official) as archive:
         shipped = {n for n in archive.namelist() if ".dist-info/" not in n and not n.endswith("/")}
     what = f"the vLLM {version} wheel"
@@ -54,9 +53,7 @@ def _precompiled(version, official, dist, rdiff, out_dir, index_url, series_root
     new_version = wheels.patched_version(version)
     scratch = Path(tempfile.mkdtemp(prefix="moe-patch-precompiled-"))
     try:
-        report = apply_tree(
-            version, scratch / f"vllm-{version}", index_url=index_url, series_root=series_root
-        )
+        report = apply_tree(version, scratch / f"vllm-{version}", settings=settings)
         if not report.ok:  # pragma: no cover - release_diff.build already applied it
             raise PatchFailed(f"the series does not apply to vLLM {version}")
         path = wheels.build_precompiled(
