@@ -53,6 +53,13 @@ KERNEL_MODULE = textwrap.dedent(
 )
 
 
+def write_files(root: Path, files: dict[str, str]) -> None:
+    """Write ``files`` (path relative to ``root`` -> text) under ``root``."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
 def release_files(version: str, kernel_module: str = KERNEL_MODULE) -> dict[str, str]:
     return {
         "PKG-INFO": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n",
@@ -211,9 +218,7 @@ def author_series(
     from moe_patch import export
 
     work = root.parent / f"author-{base}-{len(list(root.parent.glob('author-*')))}"
-    for name, text in (files or release_files(base)).items():
-        (work / name).parent.mkdir(parents=True, exist_ok=True)
-        (work / name).write_text(text)
+    write_files(work, files or release_files(base))
     git(work, "init", "-q")
     git(work, "add", "-A", "-f")
     git(work, "commit", "-q", "-m", "base")
@@ -221,9 +226,7 @@ def author_series(
     directory.mkdir(parents=True, exist_ok=True)
     names = []
     for spec in patches:
-        for name, text in spec["edit"].items():
-            (work / name).parent.mkdir(parents=True, exist_ok=True)
-            (work / name).write_text(text)
+        write_files(work, spec["edit"])
         git(work, "add", "-A", "-f")
         trailers = spec.get(
             "trailers", ["Upstream-Status: Pending", f"Signed-off-by: {PATCH_AUTHOR}"]

@@ -16,6 +16,7 @@ from support import (
     make_sdist,
     release_files,
     tree_digest,
+    write_files,
 )
 
 KERNEL_PATH = "vllm/model_executor/layers/fused_moe/fused_moe.py"
@@ -216,9 +217,7 @@ def test_patch_through_a_symlink_in_the_tree_is_rejected(fake_index, tmp_path, m
 
 def test_dirty_source_checkout_is_refused_and_untouched(fake_index, series_root, tmp_path):
     source = tmp_path / "src"
-    for name, text in release_files("1.0.0").items():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        (source / name).write_text(text)
+    write_files(source, release_files("1.0.0"))
     git(source, "init", "-q")
     git(source, "add", "-A", "-f")
     git(source, "commit", "-q", "-m", "v1.0.0")
@@ -236,9 +235,7 @@ def test_dirty_source_checkout_is_refused_and_untouched(fake_index, series_root,
 
 def test_source_checkout_copied_and_in_place(fake_index, series_root, tmp_path):
     source = tmp_path / "src"
-    for name, text in release_files("1.0.0").items():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        (source / name).write_text(text)
+    write_files(source, release_files("1.0.0"))
     git(source, "init", "-q", "-b", "main")
     git(source, "add", "-A", "-f")
     git(source, "commit", "-q", "-m", "v1.0.0")
@@ -256,9 +253,7 @@ def test_source_checkout_copied_and_in_place(fake_index, series_root, tmp_path):
 
 def test_unpacked_source_tree(fake_index, series_root, tmp_path):
     source = tmp_path / "unpacked"
-    for name, text in release_files("1.0.0").items():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        (source / name).write_text(text)
+    write_files(source, release_files("1.0.0"))
     before = tree_digest(source)
     result, report = apply_json(
         "--vllm", "1.0.0", "--source", str(source), "--into", str(tmp_path / "t")
@@ -270,9 +265,7 @@ def test_unpacked_source_tree(fake_index, series_root, tmp_path):
 
 def test_source_of_another_version_is_refused(fake_index, series_root, tmp_path):
     source = tmp_path / "unpacked"
-    for name, text in release_files("1.1.0").items():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        (source / name).write_text(text)
+    write_files(source, release_files("1.1.0"))
     result = run("apply", "--vllm", "1.0.0", "--source", str(source), "--into", str(tmp_path / "t"))
     assert result.exit_code == 2
     assert "is vLLM 1.1.0, not 1.0.0" in result.stderr
@@ -387,9 +380,7 @@ def test_source_that_is_not_the_release_needs_any_base(fake_index, series_root, 
     """A clone on a branch past the release (any real vLLM clone's main) is not 1.0.0: moe-patch
     says so instead of patching it under that name, unless --any-base says to."""
     source = tmp_path / "src"
-    for name, text in release_files("1.0.0").items():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        (source / name).write_text(text)
+    write_files(source, release_files("1.0.0"))
     (source / "PKG-INFO").unlink(missing_ok=True)
     git(source, "init", "-q", "-b", "main")
     git(source, "add", "-A", "-f")
@@ -424,9 +415,7 @@ def test_untagged_source_holding_the_release_files_is_the_release(
     changed, and it is not, naming the file."""
     fake_index.add("1.0.0")
     source = tmp_path / "src"
-    for name, text in release_files("1.0.0").items():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        (source / name).write_text(text)
+    write_files(source, release_files("1.0.0"))
     git(source, "init", "-q", "-b", "main")
     git(source, "add", "-A")
     git(source, "commit", "-q", "-m", "imported from the sdist")

@@ -11,7 +11,7 @@ import filelock
 from click.testing import CliRunner
 from moe_patch import cache
 from moe_patch.cli import main
-from support import tree_digest
+from support import tree_digest, write_files
 
 
 def run(*args):
@@ -33,9 +33,7 @@ def _cache_with_everything(root):
         "index/.vllm-5a06749b2297be54.json.part-k3": "{",
     }
     foreign = {"trees/notes.txt": "mine", "wheels/other-2.0-py3-none-any.whl": "mine"}
-    for name, text in {**made, **foreign}.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
+    write_files(root, {**made, **foreign})
     return foreign
 
 

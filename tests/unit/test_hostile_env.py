@@ -17,7 +17,7 @@ from moe_patch import cache, index
 from moe_patch.cli import main
 from moe_patch.errors import NetworkError, UsageError
 from moe_patch.pipconfig import IndexSettings, redact
-from support import git, make_sdist, release_files, unrelated_repo
+from support import git, make_sdist, release_files, unrelated_repo, write_files
 
 JSON = "application/vnd.pypi.simple.v1+json"
 SECRET_BASE = "https://alice:hunter2@index.example.invalid/simple/vllm/"
@@ -391,9 +391,7 @@ def test_every_command_shows_examples_that_parse_and_only_its_exit_codes():
 
 def _release_checkout(source: Path, notes: int = 0) -> Path:
     """A git checkout of release 1.0.0's files, with ``notes`` extra commits of loose objects."""
-    for name, text in release_files("1.0.0").items():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        (source / name).write_text(text)
+    write_files(source, release_files("1.0.0"))
     git(source, "init", "-q", "-b", "main")
     git(source, "config", "user.name", "Jane Dev")
     git(source, "config", "user.email", "jane.dev@users.noreply.github.com")

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 from moe_patch import index, installed
 from moe_patch.cli import main
-from support import author_series, git, make_sdist, release_files, tree_digest
+from support import author_series, git, make_sdist, release_files, tree_digest, write_files
 from wheel_support import make_wheel, pip_install
 
 
@@ -58,9 +58,7 @@ def _apply_fresh(tmp_path, cache_dir, code, message):
 
 def _source_checkout(tmp_path) -> Path:
     source = tmp_path / "src"
-    for name, text in release_files("1.0.0").items():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        (source / name).write_text(text)
+    write_files(source, release_files("1.0.0"))
     git(source, "init", "-q", "-b", "main")
     git(source, "add", "-A", "-f")
     git(source, "commit", "-q", "-m", "v1.0.0")

@@ -17,6 +17,7 @@ from support import (
     git,
     release_files,
     tree_digest,
+    write_files,
 )
 
 RESULTS = {
@@ -109,9 +110,7 @@ def pr_series(tmp_path, monkeypatch):
 def clone(tmp_path):
     """The user's vLLM clone: tag v1.0.0, on their own branch, with an untracked file."""
     work = tmp_path / "vllm"
-    for name, text in release_files("1.0.0").items():
-        (work / name).parent.mkdir(parents=True, exist_ok=True)
-        (work / name).write_text(text)
+    write_files(work, release_files("1.0.0"))
     git(work, "init", "-q", "-b", "main")
     git(work, "add", "-A", "-f")
     git(work, "commit", "-q", "-m", "base")

@@ -13,6 +13,7 @@ from support import (
     make_sdist,
     release_files,
     tree_digest,
+    write_files,
 )
 
 KERNEL_PATH = "vllm/model_executor/layers/fused_moe/fused_moe.py"
@@ -209,9 +210,7 @@ def test_onto_from_a_source_tree(fake_index, series_root, tmp_path):
     """A release the index has never seen, from an unpacked tree."""
     fake_index.add("1.0.0")
     source = tmp_path / "src"
-    for name, text in release_files("2.0.0", "# a\n" + KERNEL_MODULE).items():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        (source / name).write_text(text)
+    write_files(source, release_files("2.0.0", "# a\n" + KERNEL_MODULE))
     result = run(
         "rebase", "--onto", "2.0.0", "--source", str(source), "--into", str(tmp_path / "w")
     )

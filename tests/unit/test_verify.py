@@ -11,6 +11,7 @@ from support import (
     author_series,
     make_sdist,
     release_files,
+    write_files,
 )
 
 RUFF_CONFIG = '[tool.ruff]\nline-length = 88\n\n[tool.ruff.lint]\nselect = ["E", "F"]\n'
@@ -218,9 +219,7 @@ def test_a_base_the_index_does_not_have_is_skipped(fake_index, series_root, tmp_
     """After rebase --source onto a release that is not published yet."""
     fake_index.add("1.0.0")
     source = tmp_path / "src"
-    for name, text in release_files("2.0.0").items():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        (source / name).write_text(text)
+    write_files(source, release_files("2.0.0"))
     into = str(tmp_path / "w")
     assert run("rebase", "--onto", "2.0.0", "--source", str(source), "--into", into).exit_code == 0
     result, report = verify_json()
