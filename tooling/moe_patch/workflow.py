@@ -187,7 +187,8 @@ def exported_series(
     listing = gitutil.run(tree, "rev-list", "--reverse", f"{base_commit}..{head}")
     result: list[ExportedPatch] = []
     for commit in listing.split():
-        message, name = split_name_trailer(commit_message(tree, commit))
+        original = commit_message(tree, commit)
+        message, name = split_name_trailer(original)
         if name is None:
             name = slug(message.split("\n", 1)[0]) + ".patch"
         elif not name.endswith(".patch") or "/" in name or name.startswith("."):
@@ -208,7 +209,7 @@ def exported_series(
             message = identity.restamp(message, author)
         clean = (
             recommit(tree, commit, message, author=author)
-            if author or message != commit_message(tree, commit)
+            if author or message != original
             else commit
         )
         data = export.format_commit(tree, clean)
