@@ -1,50 +1,126 @@
-"""The project's own code passes its ruff configuration (pyproject.toml)."""
+"""Which ruff checks a tree: the version its pre-commit configuration pins, installed once
+into the cache through pip; else the installed one, labelled as such."""
 
-import shutil
-import subprocess
-import sys
+import base64
+import csv
+import hashlib
+import io
+import os
+import stat
+import zipfile
 from pathlib import Path
 
 import pytest
+from moe_patch import lint
 
-ROOT = Path(__file__).resolve().parents[2]
-PATHS = ["tooling", "kernels", "tests"]
-
-
-def _ruff() -> str:
-    beside = Path(sys.executable).parent / "ruff"
-    found = str(beside) if beside.exists() else shutil.which("ruff")
-    if not found:
-        pytest.fail("ruff is not installed: it is part of the [test] extra")
-    return found
-
-
-@pytest.mark.parametrize("args", [["check"], ["format", "--check"]], ids=["check", "format"])
-def test_ruff(args):
-    result = subprocess.run([_ruff(), *args, *PATHS], cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-# Where a file of the repository would name the machine it was made on: a home or work
-# directory, the GPU machine's output folder, pytest's temporary folders.
-MACHINE_PATH = r"(^|[^\w$.])/(root|work|farm|home/[\w.-]+|Users/[\w.-]+|tmp/pytest-of-[\w-]+)/"
+PINNED = """\
+repos:
+- repo: https://github.com/google/yapf
+  rev: v0.40.2
+  hooks:
+  - id: yapf
+- repo: https://github.com/astral-sh/ruff-pre-commit
+  # a comment between the entry and its rev
+  rev: {rev}
+  hooks:
+  - id: ruff-check
+- repo: https://github.com/crate-ci/typos
+  rev: v1.43.5
+"""
 
 
-def test_no_tracked_file_names_a_machine_path():
-    import re
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (PINNED.format(rev="v0.14.0"), "0.14.0"),
+        (PINNED.format(rev="'v0.6.5'"), "0.6.5"),
+        (PINNED.format(rev='"0.1.9"'), "0.1.9"),
+        ("repos:\n- repo: https://github.com/crate-ci/typos\n  rev: v1.43.5\n", None),
+        # ruff's entry without a rev of its own: the next entry's rev is not ruff's
+        (
+            "repos:\n- repo: https://github.com/astral-sh/ruff-pre-commit\n  hooks: []\n"
+            "- repo: https://github.com/crate-ci/typos\n  rev: v1.43.5\n",
+            None,
+        ),
+    ],
+)
+def test_pinned_version(tmp_path, text, expected):
+    (tmp_path / ".pre-commit-config.yaml").write_text(text)
+    assert lint.pinned_version(tmp_path) == expected
 
-    if not (ROOT / ".git").exists():
-        pytest.skip("needs the repository's git checkout")
-    listed = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
-    ).stdout.split(b"\0")
-    pattern = re.compile(MACHINE_PATH.encode())
-    offenders = []
-    for name in filter(None, listed):
-        data = (ROOT / name.decode()).read_bytes()
-        if b"\0" in data[:8192]:
-            continue  # binary (plots)
-        for number, line in enumerate(data.splitlines(), 1):
-            if pattern.search(line):
-                offenders.append(f"{name.decode()}:{number}")
-    assert offenders == [], offenders[:10]
+
+def test_no_pre_commit_config_pins_nothing(tmp_path):
+    assert lint.pinned_version(tmp_path) is None
+
+
+def _fake_ruff_wheel(folder: Path, version: str) -> None:
+    """A wheel named ruff whose script prints ``ruff VERSION``, in a folder pip reads as a
+    simple index (``<index>/ruff/index.html``)."""
+    script = f"#!/bin/sh\necho 'ruff {version}'\n".encode()
+    info = f"ruff-{version}.dist-info"
+    members = {
+        f"ruff-{version}.data/scripts/ruff": script,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: ruff\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
+    }
+    record = io.StringIO()
+    writer = csv.writer(record, lineterminator="\n")
+    for name, data in members.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        writer.writerow([name, f"sha256={digest}", len(data)])
+    writer.writerow([f"{info}/RECORD", "", ""])
+    members[f"{info}/RECORD"] = record.getvalue().encode()
+    project = folder / "ruff"
+    project.mkdir(parents=True, exist_ok=True)
+    filename = f"ruff-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(project / filename, "w") as wheel:
+        for name, data in members.items():
+            member = zipfile.ZipInfo(name)
+            member.external_attr = (0o755 | stat.S_IFREG) << 16
+            wheel.writestr(member, data)
+    (project / "index.html").write_text(f'<html><body><a href="{filename}">{filename}</a>')
+
+
+@pytest.fixture
+def tree(tmp_path):
+    path = tmp_path / "tree"
+    path.mkdir()
+    (path / ".pre-commit-config.yaml").write_text(PINNED.format(rev="v0.0.7"))
+    return path
+
+
+def test_the_pinned_version_is_installed_once_into_the_cache(cache_dir, tmp_path, tree):
+    index = tmp_path / "index"
+    _fake_ruff_wheel(index, "0.0.7")
+    ruff = lint.ruff_for(tree, index.as_uri())
+    assert (ruff.version, ruff.origin) == ("0.0.7", "the version .pre-commit-config.yaml pins")
+    assert Path(ruff.path).is_relative_to(cache_dir)
+    assert lint.run(ruff, tree, "--version").stdout == "ruff 0.0.7\n"
+    tools = cache_dir / "tools"
+    assert sorted(p.name for p in tools.iterdir()) == ["ruff-0.0.7"]  # no scratch left
+    (index / "ruff").rename(tmp_path / "gone")  # the index is not asked again
+    assert lint.ruff_for(tree, index.as_uri()) == ruff
+
+
+def test_an_uninstallable_pin_falls_back_to_the_installed_ruff_and_says_why(
+    cache_dir, tmp_path, tree
+):
+    empty = tmp_path / "empty-index"
+    empty.mkdir()
+    ruff = lint.ruff_for(tree, empty.as_uri())
+    assert ruff is not None and ruff.version != "0.0.7"
+    assert ruff.origin.startswith("installed; .pre-commit-config.yaml pins 0.0.7, which could not")
+    assert lint.describe(ruff).startswith(f"ruff {ruff.version} (installed;")
+    assert [p.name for p in (cache_dir / "tools").iterdir()] == []  # nothing half-installed
+
+
+def test_moe_patch_ruff_picks_the_binary(monkeypatch, tree):
+    monkeypatch.setenv("MOE_PATCH_RUFF", "/opt/my-ruff")
+    assert lint.ruff_for(tree) == lint.Ruff("/opt/my-ruff", None, "MOE_PATCH_RUFF")
+
+
+def test_a_tree_without_a_pin_uses_the_installed_ruff(cache_dir, tmp_path):
+    ruff = lint.ruff_for(tmp_path)
+    assert ruff.origin == "installed; the tree pins no version"
+    assert os.access(ruff.path, os.X_OK)
