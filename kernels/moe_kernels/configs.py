@@ -35,9 +35,9 @@ import json
 import sys
 from pathlib import Path
 
-from .bench import SHAPES
-from .dispatch import _selection
+from .dispatch import tree_selection
 from .loader import FUSED_MOE_REL
+from .measure import SHAPES
 
 MIN_GAIN = 0.03
 PEER_FLOOR = 0.98
@@ -164,7 +164,7 @@ def decides_swap_itself(tree: Path) -> bool:
 
 def build_files(tree: Path, rows: dict) -> dict[str, tuple[dict, bool, list[str]]]:
     """File name -> (table, ends with newline, log lines)."""
-    ns = _selection(str(tree), GPU_NAME, None)
+    ns = tree_selection(str(tree), GPU_NAME, None)
     swap_fixed = decides_swap_itself(tree)
     configs_dir = tree / FUSED_MOE_REL.parent / "configs"
     files = {}

@@ -36,7 +36,9 @@ def device_name() -> str:
 
 
 @functools.cache
-def _selection(tree: str, gpu_name: str, config_folder: str | None) -> dict[str, Any]:
+def tree_selection(tree: str, gpu_name: str, config_folder: str | None) -> dict[str, Any]:
+    """The tree's own config-selection functions (get_config_file_name, get_moe_configs,
+    get_default_config), lifted out of its fused_moe.py and run here for ``gpu_name``."""
     path = Path(tree) / FUSED_MOE_REL
     source = path.read_text()
     module = ast.parse(source)
@@ -88,7 +90,7 @@ def config_for(
     ``intermediate`` is the down projection's input size (vLLM's ``N`` in config
     file names), ``hidden`` the model's hidden size (the first GEMM's K).
     """
-    ns = _selection(str(tree), gpu_name or device_name(), config_folder)
+    ns = tree_selection(str(tree), gpu_name or device_name(), config_folder)
     block_n, block_k = (block_shape or (0, 0))[:2]
     configs = ns["get_moe_configs"](E, intermediate, dtype, block_n, block_k)
     if configs:

@@ -30,10 +30,10 @@ from pathlib import Path
 import torch
 
 from .align import prepare_expert_assignment
-from .bench import DEVICE, SHAPES, command_line, environment, gemm_dims
 from .dispatch import config_for
 from .launch import invoke_fused_moe_kernel
 from .loader import load_fused_moe_kernel
+from .measure import DEVICE, SHAPES, gemm_dims, record_header
 from .quant import quantize_activations, quantize_weights
 
 SWEEP = list(range(1, 301)) + list(range(320, 2049, 64)) + [333, 777, 1000, 1500, 2047]
@@ -206,8 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     report = {
-        "command": command_line("moe_kernels.jit_sweep", argv),
-        "environment": environment(),
+        **record_header("moe_kernels.jit_sweep", argv),
         "shape": args.shape,
         "quant": args.quant,
         "sweep_token_counts": SWEEP,

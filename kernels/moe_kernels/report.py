@@ -1,7 +1,7 @@
 """Markdown tables and PNG plots from the JSON that bench / jit_sweep write.
 
-    python -m moe_kernels.report kernels/results/h200-baseline-bench.json
-    python -m moe_kernels.report kernels/results/h200-jit-sweep.json
+    python -m moe_kernels.report kernels/results/baseline/h200-baseline-bench.json
+    python -m moe_kernels.report kernels/results/provenance/h200-jit-sweep.json
 
 writes ``<name>.md`` (and ``<name>.png`` when matplotlib is installed) beside
 the JSON.  The tables are computed from the raw rows, nothing is typed in.
@@ -62,7 +62,7 @@ def _split_note(row: dict) -> str:
     return f" split{split}" if split > 1 else ""
 
 
-def _fixed_cost_section(cases: dict) -> list[str]:
+def fixed_cost_section(cases: dict) -> list[str]:
     """Time above the floor of the fastest variant at M <= 2, per case: a cost every
     launch pays whatever its bytes, which caps the fraction of the floor reachable."""
     rows = []
@@ -129,7 +129,7 @@ def bench_markdown(report: dict) -> str:
                     f"| {gemm} | {quant} | `{v}` | {statistics.median(fractions):.3f} | "
                     f"{min(fractions):.3f} | {_geomean(speedups):.3f}× | {max(others):.3f} |"
                 )
-    out += _fixed_cost_section(cases)
+    out += fixed_cost_section(cases)
     out += ["", "## Every measurement (µs per call; fraction of floor in brackets)", ""]
     out.append(
         "| shape | GEMM | quant | M | "

@@ -49,24 +49,23 @@ from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
 from .align import max_num_tokens_padded, use_naive_block_assignment
-from .bench import (
+from .configs import as_launch, load_results
+from .launch import token_rows_launched
+from .loader import load_fused_moe_kernel
+from .measure import (
     DEVICE,
     SHAPES,
     WARMUP_REPLAYS,
     Variant,
-    command_line,
-    environment,
     gemm_dims,
     make_case,
     make_weights,
     measure_bandwidth,
+    record_header,
     routing,
     sm_count,
     time_variant,
 )
-from .configs import as_launch, load_results
-from .launch import token_rows_launched
-from .loader import load_fused_moe_kernel
 
 DECODE_M = (1, 2, 4, 8, 16, 32, 64)
 GEMMS = ("up", "down")
@@ -199,7 +198,7 @@ def seeded_candidates(
     ]
 
 
-def _with_peer_configs(pool: list[dict], peer_timings, own: dict) -> list[dict]:
+def with_peer_configs(pool: list[dict], peer_timings, own: dict) -> list[dict]:
     """``pool`` plus each peer's own config (as this tree's launcher runs it), each
     config once and none that is this tree's own."""
     seen = {_config_key(as_launch(own["config"]))} if own is not None else set()
@@ -315,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                     pool = candidates(quant, M, shape)
                 else:
                     pool = seeded_candidates(earlier, shape_name, quant, M, args.top, args.widen)
-                pool = _with_peer_configs(pool, peers.values(), own)
+                pool = with_peer_configs(pool, peers.values(), own)
                 for candidate in pool:
                     timed = _joint(variant, draws, weights, candidate)
                     if timed is not None:
@@ -357,8 +356,7 @@ def _write(args, argv, bandwidth, results) -> None:
     args.out.write_text(
         json.dumps(
             {
-                "command": command_line("moe_kernels.tune", argv),
-                "environment": environment(),
+                **record_header("moe_kernels.tune", argv),
                 "method": {"replays": TUNE_REPLAYS, "warmup_replays": WARMUP_REPLAYS},
                 "bandwidth": bandwidth,
                 "results": results,

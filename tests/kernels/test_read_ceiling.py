@@ -1,4 +1,5 @@
-"""The read-ceiling sweep, run end to end through Triton's interpreter on CPU.
+"""The read-ceiling study (kernels/studies/read_ceiling.py), run end to end through
+Triton's interpreter on CPU.
 
 Times are meaningless there; what is checked is that every geometry reads each
 byte exactly once (its sum is verified before timing), that rows keep the
@@ -11,7 +12,7 @@ import json
 
 import pytest
 import torch
-from moe_kernels import read_ceiling
+from studies import read_ceiling
 
 
 def _bench_file(tmp_path, rows):
@@ -77,8 +78,8 @@ def test_every_geometry_reads_each_word_once(programs, strided):
     words = 1000  # not a multiple of any geometry's step: the masks matter
     x = torch.randint(-9, 9, (words,), dtype=torch.int32)
     geometry = read_ceiling.Geometry(programs, 64, strided)
-    # _time_read raises unless the per-program sums add up to the buffer's sum.
-    times = read_ceiling._time_read([x] * read_ceiling.COPIES, words, geometry, replays=1)
+    # time_read raises unless the per-program sums add up to the buffer's sum.
+    times = read_ceiling.time_read([x] * read_ceiling.COPIES, words, geometry, replays=1)
     assert len(times) == 1 and times[0] > 0
 
 
@@ -87,4 +88,4 @@ def test_a_geometry_that_misses_words_is_refused(monkeypatch):
     # Read only half the buffer: the sum check must notice the missing words.
     geometry = read_ceiling.Geometry(4, 64, False)
     with pytest.raises(RuntimeError, match="summed wrongly"):
-        read_ceiling._time_read([x] * read_ceiling.COPIES, 500, geometry, replays=1)
+        read_ceiling.time_read([x] * read_ceiling.COPIES, 500, geometry, replays=1)

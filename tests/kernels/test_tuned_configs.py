@@ -2,7 +2,7 @@
 (0.25+), checked against their sources.
 
 * The JSON files each patch ships are what ``moe_kernels.configs`` makes from the
-  committed searches on the unpatched release (kernels/results/h200-tune-joint.json
+  committed searches on the unpatched release (kernels/results/provenance/h200-tune-joint.json
   with h200-tune-decode-0.21.json, its M <= 8 re-run, and h200-tune-peers-0.21.json,
   the M <= 8 search that also timed 0.21.0 and 0.33.0 as released, on 0.21.0;
   h200-tune-split-k-0.33.json on 0.33.0): each table is reproducible from the
@@ -27,7 +27,7 @@ from moe_kernels import configs, load_fused_moe_kernel
 from moe_kernels.launch import patched_pipeline_depth, patched_split_k
 from moe_kernels.loader import FUSED_MOE_REL
 
-RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results" / "provenance"
 CONFIGS_REL = FUSED_MOE_REL.parent / "configs"
 # Later files win for the cells they searched.
 SEARCHES = {
@@ -95,7 +95,7 @@ def test_tables_keep_what_the_search_did_not_beat(release_trees):
     qwen_name = "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"
     table, newline, _ = files[qwen_name]
     assert newline and not (tree / CONFIGS_REL / qwen_name).exists()
-    ns = configs._selection(str(tree), configs.GPU_NAME, None)
+    ns = configs.tree_selection(str(tree), configs.GPU_NAME, None)
     for M in (8, *configs.LARGER_M):
         default = ns["get_default_config"](M, 128, 768, 2048, 8, "fp8_w8a8", None)
         assert table[str(M)] == configs.vllm_entry(default), M

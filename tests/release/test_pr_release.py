@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from moe_patch import lint, pr
+from moe_patch.settings import Settings
 
 pytestmark = [pytest.mark.release, pytest.mark.network]
 
@@ -81,7 +82,9 @@ def test_commits_are_signed_off_titled_and_lint_clean(made):
 
 def test_pr_bodies_follow_the_template_with_the_measured_numbers(made):
     work, report, _, out = made
-    results = json.loads((pr.results_dir() / "h200-jit-sweep.json").read_text())
+    results = json.loads(
+        (Settings.resolve().results_dir / "provenance/h200-jit-sweep.json").read_text()
+    )
     body = (out / "jit-annotations.md").read_text()
     # vLLM 0.33.0's own pull-request template: each of its headings once, each filled.
     template = git(work, "show", f"v0.33.0:{pr.TEMPLATE_PATH}")
@@ -102,7 +105,11 @@ def test_pr_bodies_follow_the_template_with_the_measured_numbers(made):
             f"{a['stalls']} | {b['stall_seconds']:.2f} → {a['stall_seconds']:.2f} |"
         ) in body
     backend = (out / "backend-selector.md").read_text()
-    e2e = json.loads((pr.results_dir() / "e2e/h200-e2e-qwen3-30b-a3b-dynamic-ct.json").read_text())
+    e2e = json.loads(
+        (
+            Settings.resolve().results_dir / "provenance/h200-e2e-qwen3-30b-a3b-dynamic-ct.json"
+        ).read_text()
+    )
     for variant in e2e["variants"]:  # every engine's row, with the backend it ran
         assert f"| {variant['name']} | {variant['moe_backend']} | " in backend
     assert "vllm bench latency --model Qwen/Qwen3-30B-A3B-FP8" in backend
@@ -115,7 +122,12 @@ def test_pr_bodies_follow_the_template_with_the_measured_numbers(made):
         asked = asked.split("\n---\n", 1)[0].strip().splitlines()
         assert len(asked) == 4 and not [line for line in asked if line.startswith("- [ ]")]
         assert "AI assistance was used: an AI coding agent" in asked[3]
-    machine = (str(work), str(Path.home()), tempfile.gettempdir(), str(pr.results_dir()))
+    machine = (
+        str(work),
+        str(Path.home()),
+        tempfile.gettempdir(),
+        str(Settings.resolve().results_dir),
+    )
     for text in (body, backend, split_k):
         assert not [path for path in machine if path in text]  # no path of this machine
 

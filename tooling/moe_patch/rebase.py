@@ -574,7 +574,7 @@ def add_patch_trailer(data: bytes, key: str, value: str) -> bytes:
     else:
         message, rest = head.rstrip("\n"), "\n" * (len(head) - len(head.rstrip("\n")))
     lines = message.split("\n")
-    start = workflow._paragraph_start(lines)
+    start = workflow.last_paragraph_start(lines)
     insert = len(lines)
     for offset, line in enumerate(lines[start:]):
         if line.lower().startswith(("signed-off-by:", f"{workflow.NAME_TRAILER.lower()}:")):

@@ -42,7 +42,7 @@ _NAME_LINE = re.compile(rf"^{NAME_TRAILER}:\s*(\S.*?)\s*$", re.IGNORECASE)
 # --- commit messages and their trailers ---------------------------------------------
 
 
-def _paragraph_start(lines: list[str]) -> int:
+def last_paragraph_start(lines: list[str]) -> int:
     """Index of the first line of the last paragraph of ``lines``."""
     at = len(lines)
     while at > 0 and lines[at - 1].strip():
@@ -54,7 +54,7 @@ def add_trailer(message: str, key: str, value: str, before: tuple[str, ...] = ()
     """``message`` with ``key: value`` added to its trailer block (a new block if it
     has none), placed before the first trailer whose key is in ``before``."""
     lines = message.rstrip("\n").split("\n")
-    start = _paragraph_start(lines)
+    start = last_paragraph_start(lines)
     block = lines[start:]
     if block and start > 0 and all(_TRAILER_LINE.match(x) or x[:1].isspace() for x in block):
         at = len(lines)
@@ -71,7 +71,7 @@ def add_trailer(message: str, key: str, value: str, before: tuple[str, ...] = ()
 def split_name_trailer(message: str) -> tuple[str, str | None]:
     """``message`` without its ``Patch-Filename`` trailer, and the name it gave."""
     lines = message.rstrip("\n").split("\n")
-    start = _paragraph_start(lines)
+    start = last_paragraph_start(lines)
     names = [(i, m.group(1)) for i, line in enumerate(lines) if (m := _NAME_LINE.match(line))]
     names = [(i, n) for i, n in names if i >= start]
     if not names:

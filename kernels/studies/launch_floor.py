@@ -12,7 +12,12 @@ as :mod:`moe_kernels.bench` does (one CUDA graph of ``LAUNCHES`` launches over
 ``read`` is the best any kernel with that grid and those bytes could do; its
 fraction of the floor bounds what the GEMM could reach.
 
-    python -m moe_kernels.launch_floor --out launch-floor.json
+A one-off study, not part of the installed package; from the repository root
+(torch and triton installed; ``moe_kernels`` installed or, as here, on ``PYTHONPATH``):
+
+    PYTHONPATH=kernels python -m studies.launch_floor --out launch-floor.json
+
+Result: ``kernels/results/launch-floor/h200-launch-floor.json``.
 """
 
 from __future__ import annotations
@@ -26,21 +31,19 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
-
-from . import interpreter_compat
-from .bench import (
+from moe_kernels import interpreter_compat
+from moe_kernels.measure import (
     COPIES,
     DEVICE,
     LAUNCHES,
     SHAPES,
-    command_line,
-    environment,
     graph_time_us,
     measure_bandwidth,
+    record_header,
 )
 
 # (shape, GEMM, M, experts hit, BLOCK_SIZE_N, SPLIT_K): the dispatch of the
-# series for the worst decode cases in kernels/results/h200-series-bench.md.
+# series for the worst decode cases in kernels/results/series/h200-series-bench.md.
 CASES = (
     ("deepseek-v3-tp8", "up", 1, 8, 64, 4),
     ("deepseek-v3-tp8", "down", 1, 8, 64, 1),
@@ -130,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     report = {
-        "command": command_line("moe_kernels.launch_floor", argv),
-        "environment": environment(),
+        **record_header("studies.launch_floor", argv),
         "bandwidth": bandwidth,
         "rows": rows,
     }

@@ -14,8 +14,13 @@ bytes come from HBM.
 floor any one-launch kernel that reads those bytes reaches, however it tiles
 its GEMM.  Rows give the benchmarked kernel's own time next to it.
 
-    python -m moe_kernels.read_ceiling --bench bench.json --variant 0.21.0+moe \
-        --max-m 64 --out read-ceiling.json
+A one-off study, not part of the installed package; from the repository root
+(torch and triton installed; ``moe_kernels`` installed or, as here, on ``PYTHONPATH``):
+
+    PYTHONPATH=kernels python -m studies.read_ceiling --bench bench.json \
+        --variant 0.21.0+moe --max-m 64 --out read-ceiling.json
+
+Results: ``kernels/results/read-ceiling/``.
 """
 
 from __future__ import annotations
@@ -31,17 +36,15 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
-
-from . import interpreter_compat
-from .bench import (
+from moe_kernels import interpreter_compat
+from moe_kernels.measure import (
     COPIES,
     DEVICE,
     LAUNCHES,
     REPLAYS,
-    command_line,
-    environment,
     graph_time_us,
     measure_bandwidth,
+    record_header,
     sm_count,
 )
 
@@ -99,7 +102,7 @@ def geometries(sms: int) -> list[Geometry]:
     ]
 
 
-def _time_read(
+def time_read(
     buffers, words: int, geometry: Geometry, replays: int, launches: int = LAUNCHES
 ) -> list[float]:
     """Per-launch µs of the read with ``geometry``, after checking that it sums right."""
@@ -133,11 +136,11 @@ def best_read(nbytes: int, sms: int) -> dict:
         torch.randint(-9, 9, (words,), dtype=torch.int32, device=DEVICE) for _ in range(COPIES)
     ]
     screened = sorted(
-        (statistics.median(_time_read(buffers, words, g, SCREEN_REPLAYS, SCREEN_LAUNCHES)), i, g)
+        (statistics.median(time_read(buffers, words, g, SCREEN_REPLAYS, SCREEN_LAUNCHES)), i, g)
         for i, g in enumerate(geometries(sms))
     )
     retimed = sorted(
-        (statistics.median(_time_read(buffers, words, g, REPLAYS)), i, g)
+        (statistics.median(time_read(buffers, words, g, REPLAYS)), i, g)
         for _, i, g in screened[:RETIMED]
     )
     read_us, _, geometry = retimed[0]
@@ -269,8 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = measure_bandwidth()
     rows = ceiling_rows(bench, args.variant, args.max_m, bandwidth)
     report = {
-        "command": command_line("moe_kernels.read_ceiling", argv),
-        "environment": environment(),
+        **record_header("studies.read_ceiling", argv),
         "method": {
             "copies": COPIES,
             "launches_per_graph": LAUNCHES,

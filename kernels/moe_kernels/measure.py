@@ -1,0 +1,383 @@
+"""What the GPU tools share: timing, model shapes, one GEMM case, the run's environment.
+
+* Timing: a CUDA graph holding ``LAUNCHES`` back-to-back calls that rotate over
+  ``COPIES`` weight copies (so weights come from HBM, not L2), ``WARMUP_REPLAYS``
+  untimed replays, then ``REPLAYS`` timed ones (:func:`graph_time_us`); the
+  streaming-read and copy bandwidth the floors are computed from
+  (:func:`measure_bandwidth`).
+* Shapes: the model shapes (:data:`SHAPES`) and the ``up`` / ``down`` GEMMs' weight
+  dimensions; routing, FP8 weights and activations of one measurement
+  (:func:`make_case`), checked against float64 and timed per tree
+  (:func:`time_variant`).
+* Environment: the GPU, torch / triton / CUDA / Python versions, and the command a
+  result file records, written so that it names no machine (:func:`command_line`).
+
+:mod:`moe_kernels.bench`, :mod:`moe_kernels.tune`, :mod:`moe_kernels.jit_sweep`,
+:mod:`moe_kernels.configs` and the studies in ``kernels/studies/`` use these.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from .align import prepare_expert_assignment
+from .dispatch import config_for
+from .launch import invoke_fused_moe_kernel
+from .loader import LoadedKernel
+from .quant import quantize_activations, quantize_weights
+from .reference import dequantize_activations, dequantize_weights, ref_moe_gemm
+from .stats import rel_frobenius_error
+
+COPIES = 8
+LAUNCHES = 64
+REPLAYS = 30
+# Untimed replays before the timed ones: the first timing after new data or a float64
+# reference ran up to 10% slow in the tune searches (the same config timed again later
+# in the same cell was not), most at the first cell of a shape.
+WARMUP_REPLAYS = 5
+BLOCK_SHAPE = (128, 128)
+FP8_ERROR_BOUND = 3e-2
+# Without CUDA (Triton's interpreter) the benchmark still runs end to end, for
+# the smoke test; its times are then wall-clock and meaningless.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    experts: int
+    topk: int
+    hidden: int
+    intermediate: int
+
+
+SHAPES = {
+    s.name: s
+    for s in (
+        Shape("qwen3-30b-a3b", 128, 8, 2048, 768),
+        Shape("qwen3-235b-a22b", 128, 8, 4096, 1536),
+        Shape("mixtral-8x7b", 8, 2, 4096, 14336),
+        Shape("deepseek-v3-tp8", 256, 8, 7168, 256),
+        Shape("tiny-smoke-test", 8, 2, 256, 128),  # for the CPU smoke test only
+    )
+}
+
+
+@dataclass
+class Variant:
+    label: str
+    tree: Path
+    kernel: LoadedKernel
+
+
+# --------------------------------------------------------------------------- #
+# Bandwidth ceilings
+# --------------------------------------------------------------------------- #
+
+
+@triton.jit
+def _stream_read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    # Each program reads ITERS consecutive blocks and keeps one sum, so the
+    # kernel's traffic is reads only.
+    start = tl.program_id(0).to(tl.int64) * BLOCK * ITERS
+    acc = tl.zeros((BLOCK,), dtype=tl.int32)
+    for i in range(ITERS):
+        offs = start + i * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=offs < n, other=0)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+
+
+def sm_count(cpu_fallback: int) -> int:
+    """The GPU's SM count; ``cpu_fallback`` under Triton's interpreter."""
+    if DEVICE == "cuda":
+        return torch.cuda.get_device_properties(0).multi_processor_count
+    return cpu_fallback
+
+
+def graph_time_us(fn, replays: int = REPLAYS) -> list[float]:
+    """Per-replay µs of a CUDA graph holding one call of ``fn``, after
+    ``WARMUP_REPLAYS`` untimed replays."""
+    if DEVICE == "cpu":
+        started = time.perf_counter()
+        fn()
+        return [(time.perf_counter() - started) * 1e6]
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(WARMUP_REPLAYS):
+        graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return times
+
+
+def measure_bandwidth(gib: float = 4.0) -> dict[str, float]:
+    """Streaming-read and device-to-device copy bandwidth in GB/s (medians)."""
+    n = int(gib * (1 << 30)) // 4 if DEVICE == "cuda" else 1 << 16
+    x = torch.randint(-1000, 1000, (n,), dtype=torch.int32, device=DEVICE)
+    block, iters = 4096, 16
+    grid = (triton.cdiv(n, block * iters),)
+    out = torch.empty(grid[0], dtype=torch.int32, device=DEVICE)
+    read_us = statistics.median(
+        graph_time_us(lambda: _stream_read_kernel[grid](x, out, n, BLOCK=block, ITERS=iters))
+    )
+    if int(out.to(torch.int64).sum()) != int(x.to(torch.int64).sum()):
+        raise RuntimeError("stream-read kernel summed wrongly: bandwidth figure is void")
+    y = torch.empty_like(x)
+    copy_us = statistics.median(graph_time_us(lambda: y.copy_(x)))
+    nbytes = x.numel() * 4
+    return {"read_gbps": nbytes / read_us / 1e3, "copy_gbps": 2 * nbytes / copy_us / 1e3}
+
+
+# --------------------------------------------------------------------------- #
+# One GEMM case
+# --------------------------------------------------------------------------- #
+
+
+def gemm_dims(shape: Shape, gemm: str) -> tuple[int, int]:
+    """(N, K) of the weight tensor (E, N, K) for the ``up`` or ``down`` GEMM."""
+    if gemm == "up":
+        return 2 * shape.intermediate, shape.hidden
+    return shape.hidden, shape.intermediate
+
+
+def routing(M: int, shape: Shape, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = torch.randn(M, shape.experts, generator=gen, device=DEVICE)
+    weights, ids = torch.topk(torch.softmax(logits, dim=-1), shape.topk, dim=-1)
+    return ids.to(torch.int32), (weights / weights.sum(-1, keepdim=True)).float()
+
+
+def make_weights(shape: Shape, gemm: str, quant: str, gen: torch.Generator):
+    N, K = gemm_dims(shape, gemm)
+    copies = []
+    for _ in range(COPIES):
+        w = torch.randn(shape.experts, N, K, generator=gen, device=DEVICE, dtype=torch.bfloat16)
+        w *= torch.exp(0.5 * torch.randn(shape.experts, N, 1, generator=gen, device=DEVICE)).to(
+            w.dtype
+        )
+        copies.append(quantize_weights(w, quant, BLOCK_SHAPE if quant == "block" else None))
+        del w
+    return copies
+
+
+def floor_bytes(shape, gemm, quant, ids, w_q, w_scale, a_q, a_scale, out_rows) -> int:
+    N, K = gemm_dims(shape, gemm)
+    hit = torch.unique(ids).numel()
+    per_expert_scale = 0 if w_scale is None else w_scale[0].numel() * w_scale.element_size()
+    act = a_q.numel() * a_q.element_size() + (0 if a_scale is None else a_scale.numel() * 4)
+    return hit * (N * K * w_q.element_size() + per_expert_scale) + act + out_rows * N * 2
+
+
+def reference(a_q, a_scale, w_q, w_scale, ids, weights, quant, top_k, mul_routed):
+    """Float64 reference computed from the experts the routing hits only."""
+    block = BLOCK_SHAPE if quant == "block" else None
+    hit, remapped = torch.unique(ids.to(torch.int64), return_inverse=True)
+    w = dequantize_weights(w_q[hit], w_scale[hit], quant, block)
+    a = dequantize_activations(a_q, a_scale, quant, block)
+    return ref_moe_gemm(a, w, remapped.view(ids.shape), top_k, weights, mul_routed)
+
+
+def make_case(shape, gemm, quant, M, gen, route=None) -> dict:
+    """Routing and quantised activations of one measurement, shared by all variants.
+
+    ``route`` (ids, weights) reuses a routing, so a layer's two GEMMs see the same one."""
+    N, K = gemm_dims(shape, gemm)
+    ids, topk_weights = route if route is not None else routing(M, shape, gen)
+    rows = M if gemm == "up" else M * shape.topk
+    a = torch.randn(rows, K, generator=gen, device=DEVICE, dtype=torch.bfloat16)
+    block = BLOCK_SHAPE if quant == "block" else None
+    a_q, a_scale = quantize_activations(a, quant, block)
+    return {
+        "shape": shape,
+        "gemm": gemm,
+        "quant": quant,
+        "M": M,
+        "N": N,
+        "block": block,
+        "ids": ids,
+        "topk_weights": topk_weights,
+        "a_q": a_q,
+        "a_scale": a_scale,
+        "top_k": shape.topk if gemm == "up" else 1,
+        "mul_routed": gemm == "down",
+    }
+
+
+def time_variant(
+    variant: Variant,
+    case: dict,
+    weights_q,
+    refs: dict,
+    config: dict | None = None,
+    replays: int = REPLAYS,
+) -> dict:
+    """Check one variant on the first and last weight copy, then time it.
+
+    ``config`` overrides the tree's own dispatch (for tuning)."""
+    shape, quant, M, block = case["shape"], case["quant"], case["M"], case["block"]
+    if config is None:
+        config, source = config_for(
+            variant.tree,
+            M,
+            shape.experts,
+            shape.intermediate,
+            shape.hidden,
+            shape.topk,
+            "fp8_w8a8",
+            list(block) if block else None,
+        )
+    else:
+        config, source = dict(config), "candidate"
+    swap = config.pop("SWAP_AB", None)  # a tuned config's own choice wins
+    sorted_ids, expert_ids, num_post = prepare_expert_assignment(
+        case["ids"], config["BLOCK_SIZE_M"], shape.experts
+    )
+    C = torch.empty(M, shape.topk, case["N"], dtype=torch.bfloat16, device=DEVICE)
+
+    def launch(copy: int):
+        w_q, w_scale = weights_q[copy]
+        return invoke_fused_moe_kernel(
+            variant.kernel,
+            case["a_q"],
+            w_q,
+            C,
+            case["a_scale"],
+            w_scale,
+            case["topk_weights"],
+            sorted_ids,
+            expert_ids,
+            num_post,
+            case["mul_routed"],
+            case["top_k"],
+            config,
+            use_fp8_w8a8=True,
+            per_channel_quant=quant == "channel",
+            block_shape=list(block) if block else None,
+            swap_ab=swap,
+        )
+
+    errors = []
+    for copy in (0, COPIES - 1):
+        C.fill_(float("nan"))
+        args = launch(copy)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        if copy not in refs:
+            refs[copy] = reference(
+                case["a_q"],
+                case["a_scale"],
+                *weights_q[copy],
+                case["ids"],
+                case["topk_weights"],
+                quant,
+                case["top_k"],
+                case["mul_routed"],
+            )
+        errors.append(float(rel_frobenius_error(C.double(), refs[copy])))
+    correct = all(e < FP8_ERROR_BOUND for e in errors)  # NaN (an unwritten row) fails too
+
+    launches = LAUNCHES if DEVICE == "cuda" else 1
+
+    def all_copies():
+        for i in range(launches):
+            launch(i % COPIES)
+
+    per_call = [t / launches for t in graph_time_us(all_copies, replays)]
+    return {
+        "shape": shape.name,
+        "gemm": case["gemm"],
+        "quant": quant,
+        "M": M,
+        "variant": variant.label,
+        "config": config,
+        "config_source": source,
+        "swap_ab": args.get("SWAP_AB"),
+        "split_k": args["grid"][1],
+        "naive": sorted_ids is None,
+        "us": statistics.median(per_call),
+        "us_all": per_call,
+        "experts_hit": int(torch.unique(case["ids"]).numel()),
+        "rel_error": errors,
+        "correct": bool(correct),
+    }
+
+
+def command_line(module: str, argv: list[str] | None) -> str:
+    """The command a result file records: this interpreter, ``-m module`` and its arguments,
+    with paths under the working directory (or $OUT, the GPU machine's output folder) written
+    relative to it, so that the record names no machine."""
+    args = [_portable(arg) for arg in (argv or sys.argv[1:])]
+    return " ".join([Path(sys.executable).name, "-m", module, *args])
+
+
+def _portable(arg: str) -> str:
+    prefix, sep, value = arg.rpartition("=") if "=" in arg else ("", "", arg)
+    if not value.startswith("/"):
+        return arg
+    path = Path(value)
+    for base, shown in ((os.environ.get("OUT"), "$OUT"), (os.getcwd(), None)):
+        if base and path.is_relative_to(base):
+            rel = path.relative_to(base).as_posix()
+            value = f"{shown}/{rel}" if shown else rel
+            break
+    return f"{prefix}{sep}{value}"
+
+
+def record_header(module: str, argv: list[str] | None) -> dict:
+    """What every result file starts with: the command that made it, the moe-patch version
+    (the series) it measured, and the machine."""
+    return {
+        "command": command_line(module, argv),
+        "series_version": series_version(),
+        "environment": environment(),
+    }
+
+
+def series_version() -> str | None:
+    """moe-patch's version: installed, else read from the checkout this harness sits in."""
+    try:
+        from moe_patch import __version__
+    except ImportError:
+        init = Path(__file__).resolve().parents[2] / "tooling" / "moe_patch" / "__init__.py"
+        found = re.search(r'__version__ = "([^"]+)"', init.read_text()) if init.is_file() else None
+        return found.group(1) if found else None
+    return __version__
+
+
+def environment() -> dict:
+    if DEVICE == "cpu":
+        return {
+            "gpu": None,
+            "device": "cpu (Triton interpreter)",
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+        }
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "sm_count": props.multi_processor_count,
+        "capability": list(torch.cuda.get_device_capability(0)),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+    }
