@@ -162,7 +162,8 @@ def fake_index(cache_dir, monkeypatch):
             self.wfile.write(body)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # serve_forever notices shutdown() at its next poll: 0.5 s by default, per test.
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     index.url = f"http://127.0.0.1:{server.server_port}/simple"
     monkeypatch.setenv("PIP_INDEX_URL", index.url)
@@ -314,3 +315,20 @@ def unrelated_repo(root: Path) -> Path:
     git(repo, "commit", "-qm", "mine")
     git(repo, "remote", "add", "origin", "https://example.invalid/mine.git")
     return repo
+
+
+def release_checkout(source: Path, notes: int = 0) -> Path:
+    """A git checkout of release 1.0.0's files, with ``notes`` extra commits of loose objects."""
+    write_files(source, release_files("1.0.0"))
+    git(source, "init", "-q", "-b", "main")
+    git(source, "config", "user.name", "Jane Dev")
+    git(source, "config", "user.email", "jane.dev@users.noreply.github.com")
+    git(source, "add", "-A", "-f")
+    git(source, "commit", "-q", "-m", "release")
+    for step in range(notes):
+        (source / "notes" / f"{step}.txt").parent.mkdir(exist_ok=True)
+        (source / "notes" / f"{step}.txt").write_text(f"note {step}\n" * 50)
+        git(source, "add", "-A")
+        git(source, "commit", "-q", "-m", f"note {step}")
+    git(source, "tag", "v1.0.0")
+    return source

@@ -2,6 +2,8 @@
 vLLM installed with pip into a --target directory."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -22,14 +24,20 @@ def run_json(*args):
     return result, (json.loads(result.stdout) if result.stdout.startswith("{") else None)
 
 
-@pytest.fixture
-def site(fake_index, series_root, tmp_path):
+@pytest.fixture(scope="module")
+def installed_once(tmp_path_factory):
     """vLLM 1.0.0 installed by pip into a --target directory (bytecode compiled by pip)."""
-    fake_index.add("1.0.0")
+    folder = tmp_path_factory.mktemp("installed-vllm-1.0.0")
     name, data = make_wheel("1.0.0")
-    wheel = tmp_path / name
-    wheel.write_bytes(data)
-    return pip_install(wheel, tmp_path / "site")
+    (folder / name).write_bytes(data)
+    return pip_install(folder / name, folder / "site")
+
+
+@pytest.fixture
+def site(fake_index, series_root, tmp_path, installed_once):
+    """A fresh copy of that install for each test (pip runs once per module)."""
+    fake_index.add("1.0.0")
+    return Path(shutil.copytree(installed_once, tmp_path / "site", symlinks=True))
 
 
 def test_round_trip_restores_every_byte(site):
