@@ -350,7 +350,10 @@ def _touches_patch(tree: Path, formatter_diff: str, name: str, base: str) -> boo
 def check_kernels(tree: Path, python: str | None, tests: Path) -> Check:
     if not tests.is_dir():
         return Check(
-            "kernels", FAIL, f"no kernel tests at {tests} (set MOE_PATCH_KERNEL_TESTS to them)"
+            "kernels",
+            FAIL,
+            f"no kernel tests at {tests}: they ship with a moe-patch checkout, not the package; "
+            "run from a checkout or set MOE_PATCH_KERNEL_TESTS to its tests/kernels",
         )
     command = [
         python or sys.executable,
