@@ -151,23 +151,37 @@ def _move_into_place(tmp: Path, into: Path) -> None:
 def from_cache(
     version: str, into: Path, index_url: str | None, mark: Marker | None = None
 ) -> WorkTree:
-    tmp = _fresh_target(into)  # refuse a foreign --into before downloading anything
-    try:
+    def build(tmp: Path) -> str:
         try:
             _clone_release(trees.release_repo(version, index_url), tmp, version)
         except git.GitCommandError:
             if not trees.discard_if_damaged(version):
                 raise
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
+            _empty(tmp)
             _clone_release(trees.release_repo(version, index_url), tmp, version)
-        base = gitutil.run(tmp, "rev-parse", "HEAD")
+        return gitutil.run(tmp, "rev-parse", "HEAD")
+
+    return _made_beside(into, build, mark)
+
+
+def _made_beside(into: Path, build: Callable[[Path], str], mark: Marker | None) -> WorkTree:
+    """``into`` made by ``build`` (which returns the base commit) in a scratch folder beside
+    it, then moved into place: a failure or a kill never leaves half a tree at ``into``.
+    A foreign ``into`` is refused before ``build`` downloads or copies anything."""
+    tmp = _fresh_target(into)
+    try:
+        base = build(tmp)
         if mark:
             mark(tmp)
         _move_into_place(tmp, into)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return WorkTree(into, base, created=True)
+
+
+def _empty(tmp: Path) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
 
 
 def _clone_release(repo: Path, tmp: Path, version: str) -> None:
@@ -199,9 +213,9 @@ def _clone_url(url: str) -> str:
 
 
 def from_git_url(version: str, into: Path, url: str, mark: Marker | None = None) -> WorkTree:
-    tmp = _fresh_target(into)
     tag = trees.release_tag(version)
-    try:
+
+    def build(tmp: Path) -> str:
         try:
             gitutil.run(
                 tmp.parent,
@@ -232,13 +246,9 @@ def from_git_url(version: str, into: Path, url: str, mark: Marker | None = None)
                 "check the URL and that the tag exists"
             ) from None
         gitutil.run(tmp, "checkout", "-q", "--detach", tag)
-        base = gitutil.run(tmp, "rev-parse", "HEAD")
-        if mark:
-            mark(tmp)
-        _move_into_place(tmp, into)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return WorkTree(into, base, created=True)
+        return gitutil.run(tmp, "rev-parse", "HEAD")
+
+    return _made_beside(into, build, mark)
 
 
 def from_local(
@@ -256,21 +266,16 @@ def from_local(
         return WorkTree(source, repo.head.commit.hexsha, created=False)
     if into is None:
         raise UsageError("--source needs --into DIR for the patched copy (or --in-place)")
-    tmp = _fresh_target(into)
-    try:
+
+    def build(tmp: Path) -> str:
         if is_repo:
             _clone_source(source, tmp)
             gitutil.run(tmp, "checkout", "-q", "--detach", repo.head.commit.hexsha)
-            base = repo.head.commit.hexsha
-        else:
-            shutil.copytree(source, tmp, symlinks=True, dirs_exist_ok=True)
-            base = trees.commit_directory(tmp, tmp, version, "@315532800 +0000", bare=False)
-        if mark:
-            mark(tmp)
-        _move_into_place(tmp, into)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return WorkTree(into, base, created=True)
+            return repo.head.commit.hexsha
+        shutil.copytree(source, tmp, symlinks=True, dirs_exist_ok=True)
+        return trees.commit_directory(tmp, tmp, version, "@315532800 +0000", bare=False)
+
+    return _made_beside(into, build, mark)
 
 
 def _clone_source(source: Path, tmp: Path) -> None:
@@ -287,8 +292,7 @@ def _clone_source(source: Path, tmp: Path) -> None:
         return
     except git.GitCommandError as exc:
         _raise_if_local_io(exc)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    _empty(tmp)
     try:
         gitutil.run(tmp.parent, "clone", "-q", "--no-checkout", "--no-local", str(source), str(tmp))
     except git.GitCommandError as exc:
