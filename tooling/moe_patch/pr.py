@@ -47,7 +47,7 @@ from .contribution import RULES_PATH
 from .errors import MoePatchError, StateError, UsageError
 from .identity import is_placeholder
 from .patchfile import Patch
-from .report import as_json
+from .report import PASS, as_json
 from .settings import Settings
 from .upstreaming import Upstreaming, upstreaming
 
@@ -328,7 +328,7 @@ def _lint(work: Path, base: str) -> tuple[bool, list[str]]:
         verify.check_ruff_lint(ruff, work, files, base),
         verify.check_ruff_format(ruff, work, files, base),
     ]
-    return all(c.status == verify.PASS for c in checks), [
+    return all(c.status == PASS for c in checks), [
         f"{c.name}: {c.status} ({c.detail})" for c in checks
     ]
 
@@ -782,29 +782,4 @@ def pr_base(onto: str) -> str | None:
     return name
 
 
-def render(report: PrReport) -> str:
-    lines = [
-        f"target: {report.onto} ({report.onto_commit[:12]}), series base v{report.series_base}"
-        + (f" ({report.series_reason})" if report.series_reason else ""),
-    ]
-    for o in report.outcomes:
-        head = f"{o.id}: {o.status}"
-        if o.branch:
-            head += f" -> {o.branch} {o.commit[:12]} {o.title!r}"
-        if o.stacked_on:
-            head += f" (stacked on {o.stacked_on})"
-        lines.append(head)
-        if o.detail:
-            lines.append(f"    {o.detail}")
-        for line in o.lint:
-            lines.append(f"    {line}")
-        if o.description:
-            lines.append(f"    PR description: {o.description}")
-        for command in o.commands:
-            lines.append(f"    $ {command}")
-    if any(o.branch for o in report.outcomes):
-        lines.append("nothing was pushed; run the commands above to open the pull requests")
-    return "\n".join(lines)
-
-
-__all__ = ["prepare", "render", "PrReport", "PrOutcome", "MoePatchError"]
+__all__ = ["prepare", "PrReport", "PrOutcome", "MoePatchError"]

@@ -10,6 +10,8 @@ import click
 
 if TYPE_CHECKING:
     from .installed import InstalledReport
+    from .pr import PrReport
+    from .verify import VerifyReport
 
 APPLIED = "applied"
 APPLIED_3WAY = "applied (3-way)"
@@ -17,6 +19,7 @@ UPSTREAM = "already upstream"
 FAILED = "failed"
 NOT_ATTEMPTED = "not attempted"
 SKIPPED = "skipped"
+PASS, FAIL, SKIP = "pass", "fail", "skip"  # verify's checks
 
 
 def as_json(report, **extra) -> str:
@@ -174,3 +177,71 @@ def render_rebase_steps(state) -> str:
     ]
     header = f"rebase of series v{state.base} onto vLLM {state.onto} in {state.tree}"
     return header + "\n" + render_table(["patch", "result", "commit", "detail"], rows)
+
+
+_CHECK_COLOURS = {PASS: "green", FAIL: "red", SKIP: "yellow"}
+
+
+def _check_table(headers: list[str], rows: list[list[str]], coloured: set[int]) -> list[str]:
+    return render_table(headers, rows, colour_columns=coloured, colours=_CHECK_COLOURS).splitlines()
+
+
+def render_verify(report: VerifyReport) -> str:
+    lines = []
+    series_rows = [
+        [f"v{s.base}", c.name, c.status, c.detail if c.status != FAIL else "see below"]
+        for s in report.series
+        for c in s.checks
+    ]
+    lines += _check_table(["series", "check", "result", "detail"], series_rows, {2})
+    lines.append("")
+    names = list(dict.fromkeys(c.name for r in report.releases for c in r.checks))
+    rows = []
+    for r in report.releases:
+        patches = ", ".join(f"{p['id']}: {p['status']}" for p in r.patches) or "-"
+        cells = [(r.check(n).status if r.check(n) else "-") for n in names]
+        rows.append([r.version, f"v{r.base}", *cells, f"{r.seconds:.0f}s", patches])
+    coloured = set(range(2, 2 + len(names)))
+    lines += _check_table(["release", "series", *names, "time", "patches"], rows, coloured)
+    failures = [(where, c) for where, c in report.all_checks() if c.status == FAIL]
+    if failures:
+        lines += ["", "failed:"]
+        lines += [f"  {where} {c.name}: {c.detail}" for where, c in failures]
+    counts = report.counts()
+    lines.append("")
+    lines.append(
+        f"verify: {len(report.releases)} release(s), {len(report.series)} series; "
+        f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped "
+        f"in {_duration(report.elapsed_s)} with {report.jobs} job(s)"
+    )
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{rest:02d}s" if minutes else f"{seconds:.1f}s"
+
+
+def render_pr(report: PrReport) -> str:
+    lines = [
+        f"target: {report.onto} ({report.onto_commit[:12]}), series base v{report.series_base}"
+        + (f" ({report.series_reason})" if report.series_reason else ""),
+    ]
+    for o in report.outcomes:
+        head = f"{o.id}: {o.status}"
+        if o.branch:
+            head += f" -> {o.branch} {o.commit[:12]} {o.title!r}"
+        if o.stacked_on:
+            head += f" (stacked on {o.stacked_on})"
+        lines.append(head)
+        if o.detail:
+            lines.append(f"    {o.detail}")
+        for line in o.lint:
+            lines.append(f"    {line}")
+        if o.description:
+            lines.append(f"    PR description: {o.description}")
+        for command in o.commands:
+            lines.append(f"    $ {command}")
+    if any(o.branch for o in report.outcomes):
+        lines.append("nothing was pushed; run the commands above to open the pull requests")
+    return "\n".join(lines)

@@ -42,16 +42,14 @@ from packaging.version import Version
 from . import applier, export, gitutil, index, lint, patchfile, probes, series, sources, trees
 from .errors import MoePatchError, UsageError
 from .pipconfig import index_settings
-from .report import APPLIED, FAILED, as_json, render_table
+from .report import APPLIED, FAIL, FAILED, PASS, SKIP, as_json
 from .settings import Settings
 from .upstreaming import upstreaming
 
-PASS, FAIL, SKIP = "pass", "fail", "skip"
 SERIES_CHECKS = ("series-integrity", "exported-form")
 RELEASE_CHECKS = ("apply", "compile", "ruff-check", "ruff-format", "kernels")
 UPSTREAM_STATUSES = ("Pending", "Submitted", "Backport", "Accepted", "Denied", "Inappropriate")
 PYTHON_SUFFIXES = (".py", ".pyi")
-_STATUS_COLOURS = {PASS: "green", FAIL: "red", SKIP: "yellow"}
 
 
 @dataclass
@@ -538,48 +536,3 @@ def verify(
         report.series.append(SeriesResult(base, checks))
     report.elapsed_s = round(time.perf_counter() - started, 1)
     return report
-
-
-# --- the terminal report ------------------------------------------------------------
-
-
-def _table(headers: list[str], rows: list[list[str]], coloured: set[int]) -> list[str]:
-    return render_table(
-        headers, rows, colour_columns=coloured, colours=_STATUS_COLOURS
-    ).splitlines()
-
-
-def render(report: VerifyReport) -> str:
-    lines = []
-    series_rows = [
-        [f"v{s.base}", c.name, c.status, c.detail if c.status != FAIL else "see below"]
-        for s in report.series
-        for c in s.checks
-    ]
-    lines += _table(["series", "check", "result", "detail"], series_rows, {2})
-    lines.append("")
-    names = [n for n in RELEASE_CHECKS if any(r.check(n) for r in report.releases)]
-    rows = []
-    for r in report.releases:
-        patches = ", ".join(f"{p['id']}: {p['status']}" for p in r.patches) or "-"
-        cells = [(r.check(n).status if r.check(n) else "-") for n in names]
-        rows.append([r.version, f"v{r.base}", *cells, f"{r.seconds:.0f}s", patches])
-    coloured = set(range(2, 2 + len(names)))
-    lines += _table(["release", "series", *names, "time", "patches"], rows, coloured)
-    failures = [(where, c) for where, c in report.all_checks() if c.status == FAIL]
-    if failures:
-        lines += ["", "failed:"]
-        lines += [f"  {where} {c.name}: {c.detail}" for where, c in failures]
-    counts = report.counts()
-    lines.append("")
-    lines.append(
-        f"verify: {len(report.releases)} release(s), {len(report.series)} series; "
-        f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped "
-        f"in {_duration(report.elapsed_s)} with {report.jobs} job(s)"
-    )
-    return "\n".join(lines)
-
-
-def _duration(seconds: float) -> str:
-    minutes, rest = divmod(int(round(seconds)), 60)
-    return f"{minutes}m{rest:02d}s" if minutes else f"{seconds:.1f}s"

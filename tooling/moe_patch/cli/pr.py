@@ -15,6 +15,7 @@ from ..errors import (
     MoePatchError,
     command_epilog,
 )
+from ..report import render_pr
 from .options import index_option, json_option, pass_settings, series_option
 
 
@@ -70,7 +71,7 @@ def command(source, onto, prefix, out, only, force, as_json, settings):
     Nothing is pushed.
     """
     report = engine.prepare(source, onto, out, prefix, list(only) or None, settings, force)
-    click.echo(report.to_json() if as_json else engine.render(report))
+    click.echo(report.to_json() if as_json else render_pr(report))
     failed = [o.id for o in report.outcomes if o.status == engine.FAILED]
     if failed:
         raise MoePatchError(

@@ -6,9 +6,9 @@ import json
 
 import click
 
-from .. import verify as verify_engine
 from ..commands.verify import releases, verify
 from ..errors import EXIT_VERIFY_FAILED, FETCHING, MoePatchError, command_epilog
+from ..report import render_verify
 from .options import index_option, json_option, pass_settings, series_option
 
 
@@ -70,7 +70,7 @@ def command(
         click.echo(json.dumps(releases(settings)))
         return
     report = verify(list(versions), all_releases, kernels, kernels_python, jobs, settings)
-    click.echo(report.to_json() if as_json else verify_engine.render(report))
+    click.echo(report.to_json() if as_json else render_verify(report))
     if not report.ok:
         failed = [f"{w} {c.name}" for w, c in report.all_checks() if c.status == "fail"]
         more = f" (+{len(failed) - 4} more)" if len(failed) > 4 else ""
