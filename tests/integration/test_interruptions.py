@@ -1,4 +1,4 @@
-"""Issue 9: SIGKILL at many points, and concurrent runs.
+"""SIGKILL at many points, and concurrent runs.
 
 Each kill-loop runs an operation in a subprocess, kills it (SIGKILL, no clean-up) after a
 seeded random delay, then runs what a user would run next and checks that the result is

@@ -1,4 +1,4 @@
-"""Issue 9: a corpus of hostile or broken inputs, one case each.
+"""A corpus of hostile or broken inputs, one case each.
 
 Every case drives the CLI and asserts three things: the exact one-line error on
 stderr, the exit code, and that every target (work tree, source tree, cache,

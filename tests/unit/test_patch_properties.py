@@ -1,4 +1,4 @@
-"""Issue 9: property-based tests of the patch reader and the exporter.
+"""Property-based tests of the patch reader and the exporter.
 
 * any commit moe-patch's exporter writes parses, and the parsed patch applied by the
   product (``git am`` with the parsed author and date) re-exports byte for byte;
