@@ -1,7 +1,7 @@
 """Fixtures shared by every tier; the helpers behind them live in support.py."""
 
 import pytest
-from support import cache_dir, fake_index, series_root  # noqa: F401 (fixtures)
+from support import authored_series, cache_dir, fake_index, series_root  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(autouse=True)

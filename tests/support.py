@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 import textwrap
@@ -282,9 +283,19 @@ JIT_PROBE = (
 
 
 @pytest.fixture
-def series_root(tmp_path, monkeypatch):
-    """A synthetic two-patch series for base 1.0.0, selected through MOE_PATCH_SERIES."""
+def series_root(tmp_path, monkeypatch, authored_series):
+    """A synthetic two-patch series for base 1.0.0, selected through MOE_PATCH_SERIES: a
+    copy of the session's, which each test may change."""
     root = tmp_path / "patches"
+    shutil.copytree(authored_series, root)
+    monkeypatch.setenv("MOE_PATCH_SERIES", str(root))
+    return root
+
+
+@pytest.fixture(scope="session")
+def authored_series(tmp_path_factory):
+    """The two-patch series, authored once (git init, commits, export) per session."""
+    root = tmp_path_factory.mktemp("authored") / "patches"
     author_series(
         root,
         "1.0.0",
@@ -301,7 +312,6 @@ def series_root(tmp_path, monkeypatch):
             {"id": "extra", "edit": {"vllm/extra.py": "FEATURE = True\n"}},
         ],
     )
-    monkeypatch.setenv("MOE_PATCH_SERIES", str(root))
     return root
 
 
