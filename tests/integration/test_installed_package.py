@@ -29,13 +29,16 @@ def installed(tmp_path_factory):
 
 
 def run(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return run_python(site, cwd, "-m", "moe_patch", *args)
+
+
+def run_python(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(site))
     for name in ("MOE_PATCH_SERIES", "MOE_PATCH_KERNEL_TESTS", "MOE_PATCH_RESULTS"):
         env.pop(name, None)
     return subprocess.run(
-        [sys.executable, "-m", "moe_patch", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False
+    )
 
 
 @pytest.mark.network  # pip fetches the build backend for its isolated build
@@ -56,3 +59,27 @@ def test_the_package_works_outside_a_checkout(installed, tmp_path):
         "checkout, or pass --patches DIR"
     ]
     assert not any(tmp_path.iterdir())  # nothing was made
+
+
+@pytest.mark.network
+def test_the_package_carries_the_results_its_patches_cite(installed, tmp_path):
+    """pr's descriptions show the measurements a patch's Upstream-Results: names; without a
+    checkout they come from the package."""
+    cited = sorted(
+        {
+            line.split(":", 1)[1].strip()
+            for patch in (ROOT / "patches").glob("v*/*.patch")
+            for line in patch.read_text().split("\ndiff --git ", 1)[0].splitlines()
+            if line.startswith("Upstream-Results:")
+        }
+    )
+    assert cited
+    script = (
+        "import json, sys; from moe_patch.settings import Settings; "
+        "folder = Settings.resolve().results_dir; "
+        "print(json.dumps([str(folder), [(folder / n).is_file() for n in sys.argv[1:]]]))"
+    )
+    shown = run_python(installed, tmp_path, "-c", script, *cited)
+    assert shown.returncode == 0, shown.stderr
+    folder, present = json.loads(shown.stdout)
+    assert Path(folder).is_relative_to(installed) and present == [True] * len(cited)

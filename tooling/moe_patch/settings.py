@@ -37,7 +37,7 @@ class Settings:
         return cls(
             series_root=root.expanduser().absolute(),
             index_url=index_url or None,
-            results_dir=Path(results) if results else _in_project("kernels", "results"),
+            results_dir=Path(results) if results else _results_dir(),
             kernel_tests_dir=Path(tests).absolute() if tests else _in_project("tests", "kernels"),
         )
 
@@ -67,6 +67,13 @@ def project_path(*parts: str) -> Path | None:
     if here is None and _checkout_around(installed_from) == installed_from:
         here = installed_from
     return here.joinpath(*parts) if here is not None else None
+
+
+def _results_dir() -> Path:
+    # Without a checkout, the results the patches cite, shipped inside the package.
+    return project_path("kernels", "results") or Path(
+        str(resources.files("moe_patch") / "_results")
+    )
 
 
 def _in_project(*parts: str) -> Path:
