@@ -213,7 +213,7 @@ def with_peer_configs(pool: list[dict], peer_timings, own: dict) -> list[dict]:
     return list(out.values())
 
 
-def _joint(variant, draws, weights, config=None) -> dict | None:
+def joint_time(variant, draws, weights, config=None) -> dict | None:
     """Time one config on both GEMMs, summed over the routings in ``draws`` (pairs of
     cases and reference caches); None when it does not fit the SM or does not compile."""
     up = down = 0.0
@@ -245,6 +245,18 @@ def _joint(variant, draws, weights, config=None) -> dict | None:
         "us": up + down,
         "correct": correct,
     }
+
+
+def draw_routings(shape, quant: str, M: int, routings: int, gen) -> tuple[list, list[int]]:
+    """``routings`` routings of M tokens, each with both GEMMs' cases and an empty reference
+    cache (the ``draws`` :func:`joint_time` scores a config over), and the experts each hits."""
+    draws, hit = [], []
+    for _ in range(routings):
+        route = routing(M, shape, gen)
+        cases = {g: make_case(shape, g, quant, M, gen, route) for g in GEMMS}
+        draws.append((cases, {g: {} for g in GEMMS}))
+        hit.append(int(torch.unique(route[0]).numel()))
+    return draws, hit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,14 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         for quant in args.quant or ["tensor", "block"]:
             weights = {g: make_weights(shape, g, quant, gen) for g in ("up", "down")}
             for M in (int(m) for m in args.M.split(",")):
-                draws, hit = [], []
-                for _ in range(args.routings):
-                    route = routing(M, shape, gen)
-                    cases = {g: make_case(shape, g, quant, M, gen, route) for g in GEMMS}
-                    draws.append((cases, {g: {} for g in GEMMS}))
-                    hit.append(int(torch.unique(route[0]).numel()))
-                own = _joint(variant, draws, weights)
-                peers = {p.label: _joint(p, draws, weights) for p in peer_variants}
+                draws, hit = draw_routings(shape, quant, M, args.routings, gen)
+                own = joint_time(variant, draws, weights)
+                peers = {p.label: joint_time(p, draws, weights) for p in peer_variants}
                 tried = [own]
                 if earlier is None:
                     pool = candidates(quant, M, shape)
@@ -316,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                     pool = seeded_candidates(earlier, shape_name, quant, M, args.top, args.widen)
                 pool = with_peer_configs(pool, peers.values(), own)
                 for candidate in pool:
-                    timed = _joint(variant, draws, weights, candidate)
+                    timed = joint_time(variant, draws, weights, candidate)
                     if timed is not None:
                         tried.append(timed)
                 good = [t for t in tried if t["correct"]]

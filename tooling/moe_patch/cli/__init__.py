@@ -22,7 +22,20 @@ from ..errors import (
     LOCAL_IO_WORDS,
     MoePatchError,
 )
-from . import apply, checkout, clean, export, list_, pr, rebase, revert, status, verify, wheel
+from . import (
+    apply,
+    checkout,
+    clean,
+    export,
+    list_,
+    pr,
+    rebase,
+    revert,
+    status,
+    tune,
+    verify,
+    wheel,
+)
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -94,6 +107,7 @@ COMMANDS = (
     apply.command,
     list_.command,
     wheel.command,
+    tune.command,
     status.command,
     revert.command,
     clean.command,

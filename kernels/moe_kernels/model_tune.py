@@ -1,0 +1,178 @@
+"""Tune one model's FP8 MoE config table on this GPU, as ``moe-patch tune`` does.
+
+For each token count M, the tree's kernel is timed with the tree's own dispatch
+(the config vLLM would launch) and with every :func:`moe_kernels.tune.candidates`
+config on the same routings, each scored by both GEMMs' time summed over the
+routings (:func:`moe_kernels.tune.joint_time`).  The fastest correct candidate
+is kept only where it beats the dispatch by more than
+:data:`moe_kernels.configs.MIN_GAIN` (the search's noise); elsewhere the
+dispatch's own config is kept, so no M gets a config slower than the tree's.
+
+After each M, two files in the output folder are replaced atomically:
+
+* vLLM's config file for (E, N, this GPU), named by the tree's own
+  ``get_config_file_name``: the chosen config at every tuned M, and the tree's
+  own dispatch at every other M of the grid and at vLLM's larger batch sizes,
+  so that the file changes nothing where nothing was measured;
+* :data:`STATE_NAME`, the report: per M the chosen config, its time and the
+  dispatch's, the speed-up and the routings.  A run with the same inputs
+  skips the M values it already holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+
+from .configs import BLOCK_SHAPE, LARGER_M, MIN_GAIN, vllm_entry
+from .dispatch import config_for, device_name, tree_selection
+from .loader import load_fused_moe_kernel
+from .measure import DEVICE, Shape, Variant, environment, make_weights, series_version
+from .tune import GEMMS, candidates, draw_routings, joint_time
+
+STATE_NAME = "moe-patch-tune.json"
+DTYPE = "fp8_w8a8"
+
+
+def block_shape(quant: str) -> list[int] | None:
+    return BLOCK_SHAPE if quant == "block" else None
+
+
+def config_file_name(tree: Path, shape: Shape, quant: str) -> str:
+    """The file vLLM looks up for this shape on this GPU, in the tree's own words."""
+    ns = tree_selection(str(tree), device_name(), None)
+    return ns["get_config_file_name"](shape.experts, shape.intermediate, DTYPE, block_shape(quant))
+
+
+def dispatch_config(tree: Path, shape: Shape, quant: str, M: int) -> dict:
+    """The config the tree launches at M without a tuned folder (its table, else default)."""
+    config, _ = config_for(
+        tree, M, shape.experts, shape.intermediate, shape.hidden, shape.topk, DTYPE,
+        block_shape(quant),
+    )  # fmt: skip
+    return config
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one step: a reader sees the old file or the new."""
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def earlier_results(out: Path, inputs: dict) -> dict:
+    """The per-M results of an earlier run with the same ``inputs`` (M as a string key)."""
+    path = out / STATE_NAME
+    if not path.is_file():
+        return {}
+    try:
+        state = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}
+    return state.get("results", {}) if state.get("inputs") == inputs else {}
+
+
+def tune_one_m(variant, shape, quant, M, weights, routings, seed, candidates_for) -> dict:
+    """Time the dispatch and every candidate at M on the same routings; the chosen row."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed * 100_003 + M)
+    draws, hit = draw_routings(shape, quant, M, routings, gen)
+    own = joint_time(variant, draws, weights)
+    tried = [joint_time(variant, draws, weights, c) for c in candidates_for(quant, M, shape)]
+    good = [t for t in tried if t is not None and t["correct"]]
+    fastest = min(good, key=lambda t: t["us"], default=None)
+    tuned = fastest is not None and (
+        not own["correct"] or fastest["us"] < (1 - MIN_GAIN) * own["us"]
+    )
+    chosen = fastest if tuned else own
+    return {
+        "M": M,
+        "experts_hit": hit,
+        "chosen": "tuned" if tuned else "dispatch",
+        "config": vllm_entry(chosen["config"]),
+        "us": chosen["us"],
+        "dispatch": {
+            key: own[key] for key in ("config", "config_source", "us", "up_us", "down_us")
+        },
+        "dispatch_correct": own["correct"],
+        "speedup": own["us"] / chosen["us"],
+        "candidates": len(tried),
+        "rejected": len(tried) - len(good),  # did not compile, or computed wrongly
+    }
+
+
+def config_table(tree: Path, shape: Shape, quant: str, Ms: Iterable[int], rows: dict) -> dict:
+    """vLLM's table: each tuned row's config, the tree's dispatch at every other M."""
+    table = {}
+    for M in sorted({*Ms, *LARGER_M}):
+        row = rows.get(str(M))
+        table[str(M)] = row["config"] if row else vllm_entry(dispatch_config(tree, shape, quant, M))
+    return table
+
+
+def tune_model(
+    tree: Path,
+    shape: Shape,
+    quant: str,
+    Ms: Iterable[int],
+    out: Path,
+    *,
+    routings: int = 2,
+    seed: int = 0,
+    candidates_for: Callable[[str, int, Shape], list[dict]] = candidates,
+    on_result: Callable[[dict], None] | None = None,
+) -> dict:
+    """Tune ``shape`` at every M of ``Ms`` on ``tree``'s kernel; write the config file and
+    the report into ``out`` after each M and return the report.  ``on_result`` is called
+    with each M's row, tuned now or kept from an earlier run."""
+    Ms = sorted(set(Ms))
+    out.mkdir(parents=True, exist_ok=True)
+    name = config_file_name(tree, shape, quant)
+    inputs = {
+        "tree": str(Path(tree).resolve()),
+        "shape": dataclasses.asdict(shape),
+        "quant": quant,
+        "routings": routings,
+        "seed": seed,
+        "device": device_name(),
+        "series_version": series_version(),
+    }
+    rows = earlier_results(out, inputs)
+    report = {
+        "inputs": inputs,
+        "environment": environment(),
+        "config_file": name,
+        "results": rows,
+    }
+    variant = Variant("tree", Path(tree), load_fused_moe_kernel(Path(tree)))
+
+    def save() -> None:
+        report["results"] = dict(sorted(rows.items(), key=lambda kv: int(kv[0])))
+        table = config_table(tree, shape, quant, Ms, rows)
+        write_atomically(out / name, json.dumps(table, indent=4) + "\n")
+        write_atomically(out / STATE_NAME, json.dumps(report, indent=1) + "\n")
+
+    weights = None
+    for M in Ms:
+        if str(M) not in rows:
+            if weights is None:  # drawn once, and only when some M is left to time
+                gen = torch.Generator(device=DEVICE).manual_seed(seed)
+                weights = {g: make_weights(shape, g, quant, gen) for g in GEMMS}
+            rows[str(M)] = tune_one_m(
+                variant, shape, quant, M, weights, routings, seed, candidates_for
+            )
+            save()
+        if on_result is not None:
+            on_result(rows[str(M)])
+    save()  # the table also covers this run's M grid where an earlier run's did not
+    return report

@@ -1,0 +1,138 @@
+"""``moe-patch tune``'s engine on a tiny model, through Triton's interpreter on a CPU.
+
+The times are wall-clock and meaningless here; what is checked is that the file it
+writes is the one the tree's own lookup reads, that a re-run resumes, and that the
+report never keeps a config slower than the tree's dispatch.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from moe_kernels import model_tune
+from moe_kernels.configs import vllm_entry
+from moe_kernels.dispatch import config_for, device_name
+from moe_kernels.measure import Shape
+from moe_kernels.tune import candidates
+from moe_patch.model_config import moe_shape
+
+TINY_MODEL = {
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "hidden_size": 256,
+    "moe_intermediate_size": 128,
+}
+
+
+def one_tile(quant, M, shape):
+    """One unsplit candidate: the interpreter has no bf16 atomics for split-K."""
+    return [c for c in candidates(quant, M, shape) if c["SPLIT_K"] == 1][:1]
+
+
+def tiny_file_name() -> str:
+    gpu = device_name().replace(" ", "_")
+    return f"E=8,N=128,device_name={gpu},dtype=fp8_w8a8.json"  # N: the intermediate size
+
+
+@pytest.fixture
+def tiny_shape(tmp_path) -> Shape:
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text(json.dumps(TINY_MODEL))
+    parsed = moe_shape(tmp_path / "tiny", tp=1)
+    assert parsed.quant == "tensor"
+    return Shape(parsed.name, parsed.experts, parsed.topk, parsed.hidden, parsed.intermediate)
+
+
+@pytest.fixture
+def tree(release_trees):
+    return release_trees("0.21.0+moe")
+
+
+def test_the_written_file_is_what_the_trees_own_lookup_reads(tree, tiny_shape, tmp_path):
+    out = tmp_path / "tuned"
+    report = model_tune.tune_model(
+        tree, tiny_shape, "tensor", [1, 2], out, routings=1, candidates_for=one_tile
+    )
+    assert report["config_file"] == tiny_file_name()
+    assert (out / report["config_file"]).is_file()
+    for M in (1, 2):
+        row = report["results"][str(M)]
+        config, source = config_for(
+            tree, M, 8, 128, 256, 2, "fp8_w8a8", None, config_folder=str(out)
+        )
+        assert source == f"tuned:{report['config_file']}[{M}]"
+        assert config == row["config"]
+        assert row["candidates"] == 1 and row["rejected"] == 0
+    # M values nobody tuned keep the tree's own dispatch
+    assert config_for(tree, 4096, 8, 128, 256, 2, config_folder=str(out))[0] == (
+        vllm_entry(model_tune.dispatch_config(tree, tiny_shape, "tensor", 4096))
+    )
+
+
+def test_a_rerun_resumes_after_the_m_values_it_holds(tree, tiny_shape, tmp_path, monkeypatch):
+    out = tmp_path / "tuned"
+    model_tune.tune_model(tree, tiny_shape, "tensor", [1], out, routings=1, candidates_for=one_tile)
+    first = json.loads((out / model_tune.STATE_NAME).read_text())["results"]["1"]
+
+    timed = []
+    real = model_tune.tune_one_m
+
+    def counted(variant, shape, quant, M, *rest):
+        timed.append(M)
+        return real(variant, shape, quant, M, *rest)
+
+    monkeypatch.setattr(model_tune, "tune_one_m", counted)
+    seen = []
+    report = model_tune.tune_model(
+        tree, tiny_shape, "tensor", [1, 2], out, routings=1, candidates_for=one_tile,
+        on_result=lambda row: seen.append(row["M"]),
+    )  # fmt: skip
+    assert timed == [2] and seen == [1, 2]
+    assert report["results"]["1"] == first
+    state = json.loads((out / model_tune.STATE_NAME).read_text())
+    assert sorted(state["results"]) == ["1", "2"]
+
+    timed.clear()  # another seed is another run: nothing is reused
+    model_tune.tune_model(
+        tree, tiny_shape, "tensor", [1], out, routings=1, seed=1, candidates_for=one_tile
+    )
+    assert timed == [1]
+
+
+def test_no_m_keeps_a_config_slower_than_the_dispatch(tree, tiny_shape, tmp_path):
+    out = tmp_path / "tuned"
+    report = model_tune.tune_model(
+        tree, tiny_shape, "tensor", [1, 2], out, routings=1, candidates_for=one_tile
+    )
+    from moe_patch import __version__
+
+    assert report["inputs"]["series_version"] == __version__
+    for row in report["results"].values():
+        assert row["dispatch_correct"]
+        assert row["us"] <= row["dispatch"]["us"] and row["speedup"] >= 1.0
+        if row["chosen"] == "dispatch":
+            assert row["us"] == row["dispatch"]["us"]
+            assert row["config"] == vllm_entry(row["dispatch"]["config"])
+
+
+def test_the_command_prints_the_gain_per_m_and_the_folder_for_vllm(tree, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    from moe_patch.cli import main
+
+    real = model_tune.tune_model
+
+    def one_tile_each(*args, **kwargs):
+        return real(*args, **{**kwargs, "candidates_for": one_tile})
+
+    monkeypatch.setattr(model_tune, "tune_model", one_tile_each)
+    (tmp_path / "config.json").write_text(json.dumps(TINY_MODEL))
+    out = tmp_path / "tuned"
+    args = ["--model", str(tmp_path), "--tree", str(tree), "--M", "2,1", "--routings", "1"]
+    result = CliRunner().invoke(main, ["tune", *args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["M", "dispatch", "µs", "tuned", "µs", "speed-up"]
+    assert [line.split()[0] for line in lines[1:3]] == ["1", "2"]
+    assert lines[3] == f"wrote {out / tiny_file_name()}"
+    assert lines[4] == f"export VLLM_TUNED_CONFIG_FOLDER={out}"

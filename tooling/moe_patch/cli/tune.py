@@ -1,0 +1,131 @@
+"""``moe-patch tune``: FP8 fused-MoE config tables for your model, tuned on your GPU."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from ..errors import EXIT_LOCAL_IO, EXIT_USAGE, UsageError, command_epilog
+from ..model_config import moe_shape
+from ..ui import progress
+
+KERNELS_MISSING = "moe-patch tune needs torch and triton: pip install 'moe-patch[kernels]'"
+# vLLM's grid: every M up to 16, then the CUDA-graph capture sizes it pads decode batches to.
+DEFAULT_M = (*range(1, 17), 24, 32, 40, 48, 56, 64, 96, 128, 256, 512)
+
+
+def _token_counts(ctx, param, value: str | None) -> list[int]:
+    if value is None:
+        return list(DEFAULT_M)
+    try:
+        counts = sorted({int(m) for m in value.split(",") if m.strip()})
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
+    if not counts or counts[0] < 1:
+        raise click.BadParameter(f"{value!r}: token counts are 1 or more")
+    return counts
+
+
+@click.command(
+    "tune",
+    epilog=command_epilog(
+        [
+            "moe-patch tune --model ./Qwen3-30B-A3B-FP8 --tp 2 --tree ./vllm --out tuned/",
+            "moe-patch tune --model config.json --tp 8 --tree ./vllm --M 1,2,4,8 --out tuned/",
+        ],
+        {EXIT_USAGE, EXIT_LOCAL_IO},
+    ),
+)
+@click.option(
+    "--model",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The model's Hugging Face config.json, or the folder holding it.",
+)
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size.")
+@click.option(
+    "--tree",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The patched vLLM source tree whose kernel and own dispatch are timed "
+    "(moe-patch apply, or moe-patch checkout).",
+)
+@click.option(
+    "--quant",
+    type=click.Choice(["tensor", "block"]),
+    help="FP8 scales [default: block where config.json's quantization_config has "
+    "weight_block_size, else tensor].",
+)
+@click.option(
+    "--M",
+    "token_counts",
+    metavar="M,M,...",
+    callback=_token_counts,
+    help="Token counts to tune [default: vLLM's grid: every M in 1..16 and the CUDA-graph "
+    "capture sizes 24, 32, 40, 48, 56, 64, 96, 128, 256, 512].",
+)
+@click.option(
+    "--routings",
+    type=click.IntRange(1),
+    default=2,
+    show_default=True,
+    help="Routings drawn per M; a config's time is the sum over them.",
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed of weights and routings."
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for vLLM's config file and the report (moe-patch-tune.json).",
+)
+def command(model, tp, tree, quant, token_counts, routings, seed, out):
+    """Tune FP8 fused-MoE configs for a model on this GPU, in vLLM's config-file format.
+
+    From the model's config.json (experts, top-k, hidden and MoE intermediate size) and
+    the tensor-parallel size, each M is timed with the tree's own dispatch and with the
+    candidate configs on the same routings (both GEMMs); a candidate is kept only where
+    it beats the dispatch.  After each M, vLLM's config file and moe-patch-tune.json
+    (the report) are written to --out; run the same command again to resume.  Point vLLM
+    at the folder with VLLM_TUNED_CONFIG_FOLDER.
+    """
+    shape = moe_shape(model, tp)
+    try:
+        from moe_kernels import FUSED_MOE_REL, KernelLoadError, measure, model_tune
+    except ImportError:
+        raise UsageError(KERNELS_MISSING) from None
+    if measure.DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise UsageError(
+            "moe-patch tune times kernels on a CUDA GPU and torch sees none here; run it on "
+            "the GPU that will serve the model (TRITON_INTERPRET=1 runs it on the CPU, for tests)"
+        )
+    if not (tree / FUSED_MOE_REL).is_file():
+        raise UsageError(f"{tree} is not a vLLM source tree: it has no {FUSED_MOE_REL}")
+    kernel_shape = measure.Shape(
+        shape.name, shape.experts, shape.topk, shape.hidden, shape.intermediate
+    )
+    with progress(len(token_counts), "tuning") as advance:
+        try:
+            report = model_tune.tune_model(
+                tree,
+                kernel_shape,
+                quant or shape.quant,
+                token_counts,
+                out,
+                routings=routings,
+                seed=seed,
+                on_result=lambda row: advance(1),
+            )
+        except KernelLoadError as exc:
+            raise UsageError(f"cannot load fused_moe_kernel from {tree}: {exc}") from None
+    click.echo(f"{'M':>5}  {'dispatch µs':>12}  {'tuned µs':>10}  {'speed-up':>8}")
+    for M in token_counts:
+        row = report["results"][str(M)]
+        click.echo(
+            f"{M:>5}  {row['dispatch']['us']:>12.1f}  {row['us']:>10.1f}  {row['speedup']:>7.2f}x"
+        )
+    click.echo(f"wrote {out / report['config_file']}")
+    click.echo(f"export VLLM_TUNED_CONFIG_FOLDER={out.resolve()}")
