@@ -342,3 +342,13 @@ def release_checkout(source: Path, notes: int = 0) -> Path:
         git(source, "commit", "-q", "-m", f"note {step}")
     git(source, "tag", "v1.0.0")
     return source
+
+
+def tar_member(name, kind=tarfile.REGTYPE, linkname=""):
+    """A (TarInfo, data) pair for a hostile or odd archive member: a file holding b"x",
+    or a link, directory or device of ``kind``."""
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, linkname
+    data = b"x" if kind == tarfile.REGTYPE else None
+    info.size = len(data) if data else 0
+    return info, data

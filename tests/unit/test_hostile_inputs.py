@@ -19,7 +19,15 @@ import pytest
 from click.testing import CliRunner
 from moe_patch import index, installed
 from moe_patch.cli import main
-from support import author_series, git, make_sdist, release_files, tree_digest, write_files
+from support import (
+    author_series,
+    git,
+    make_sdist,
+    release_files,
+    tar_member,
+    tree_digest,
+    write_files,
+)
 from wheel_support import make_wheel, pip_install
 
 
@@ -220,14 +228,6 @@ def series_entry_escapes(tmp_path, monkeypatch, fake_index, cache_dir):
 # --- archives and the index ---------------------------------------------------------------
 
 
-def _member(name, kind=tarfile.REGTYPE, linkname=""):
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname = kind, linkname
-    data = b"x" if kind == tarfile.REGTYPE else None
-    info.size = len(data) if data else 0
-    return info, data
-
-
 def _archive_case(tmp_path, series_root, fake_index, cache_dir, member, reason):
     fake_index.add("1.0.0", make_sdist("1.0.0", extra_members=[member]))
     return _apply_fresh(
@@ -246,7 +246,7 @@ def archive_member_dotdot(tmp_path, monkeypatch, fake_index, cache_dir, series_r
         series_root,
         fake_index,
         cache_dir,
-        _member("vllm-1.0.0/../../escaped.txt"),
+        tar_member("vllm-1.0.0/../../escaped.txt"),
         "member 'vllm-1.0.0/../../escaped.txt' points outside the archive",
     )
 
@@ -258,7 +258,7 @@ def archive_member_absolute(tmp_path, monkeypatch, fake_index, cache_dir, series
         series_root,
         fake_index,
         cache_dir,
-        _member("/tmp/absolute-escape.txt"),
+        tar_member("/tmp/absolute-escape.txt"),
         "member '/tmp/absolute-escape.txt' points outside the archive",
     )
 
@@ -270,7 +270,7 @@ def archive_symlink_out(tmp_path, monkeypatch, fake_index, cache_dir, series_roo
         series_root,
         fake_index,
         cache_dir,
-        _member("vllm-1.0.0/link", tarfile.SYMTYPE, "/etc/passwd"),
+        tar_member("vllm-1.0.0/link", tarfile.SYMTYPE, "/etc/passwd"),
         "'vllm-1.0.0/link' is a link to an absolute path",
     )
 
@@ -282,7 +282,7 @@ def archive_hardlink_out(tmp_path, monkeypatch, fake_index, cache_dir, series_ro
         series_root,
         fake_index,
         cache_dir,
-        _member("vllm-1.0.0/hard", tarfile.LNKTYPE, "/etc/passwd"),
+        tar_member("vllm-1.0.0/hard", tarfile.LNKTYPE, "/etc/passwd"),
         "'vllm-1.0.0/hard' is a link to an absolute path",
     )
 

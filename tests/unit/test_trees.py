@@ -5,7 +5,7 @@ import tarfile
 import pytest
 from moe_patch import cache, trees
 from moe_patch.errors import IntegrityError, NetworkError
-from support import make_sdist, tree_digest
+from support import make_sdist, tar_member, tree_digest
 
 
 def test_release_repo_is_a_tagged_single_commit(fake_index):
@@ -76,21 +76,13 @@ def test_interrupted_download_leaves_no_trusted_file(fake_index):
     assert trees.release_repo("1.0.0").is_dir()
 
 
-def _member(name, kind=tarfile.REGTYPE, linkname=""):
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname = kind, linkname
-    data = b"x" if kind == tarfile.REGTYPE else None
-    info.size = len(data) if data else 0
-    return info, data
-
-
 @pytest.mark.parametrize(
     "member",
     [
-        _member("vllm-1.0.0/../../escaped.txt"),
-        _member("/tmp/absolute-escape.txt"),
-        _member("vllm-1.0.0/link", tarfile.SYMTYPE, "/etc/passwd"),
-        _member("vllm-1.0.0/uplink", tarfile.SYMTYPE, "../../.."),
+        tar_member("vllm-1.0.0/../../escaped.txt"),
+        tar_member("/tmp/absolute-escape.txt"),
+        tar_member("vllm-1.0.0/link", tarfile.SYMTYPE, "/etc/passwd"),
+        tar_member("vllm-1.0.0/uplink", tarfile.SYMTYPE, "../../.."),
     ],
     ids=["dotdot", "absolute", "symlink-absolute", "symlink-up"],
 )
