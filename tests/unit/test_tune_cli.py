@@ -136,3 +136,15 @@ def test_bad_token_counts_are_refused(tmp_path, value):
     model = write_model(tmp_path / "m", MIXTRAL_LIKE)
     result = tune("--model", str(model), "--tree", str(tmp_path), "--M", value, "--out", "o")
     assert result.exit_code == EXIT_USAGE and "Invalid value for '--M'" in result.output
+
+
+def test_a_multimodal_config_gives_its_language_models_shape(tmp_path):
+    nested = {
+        "architectures": ["SomeVisionMoeForConditionalGeneration"],
+        "text_config": {**MIXTRAL_LIKE, "intermediate_size": 1536, "num_local_experts": 128},
+        "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+    }
+    shape = moe_shape(write_model(tmp_path / "vl", nested), 2)
+    assert (shape.experts, shape.topk, shape.hidden, shape.intermediate, shape.quant) == (
+        128, 2, 4096, 768, "block"
+    )  # fmt: skip

@@ -59,6 +59,10 @@ def moe_shape(model: Path, tp: int) -> MoeShape:
         raise UsageError(f"{path} is not JSON: {exc}") from None
     if not isinstance(config, dict):
         raise UsageError(f"{path} is not a JSON object")
+    text = config.get("text_config")
+    if isinstance(text, dict) and not any(key in config for key in EXPERTS_KEYS):
+        # A multimodal model keeps its language model's MoE shape under text_config.
+        config = {"quantization_config": config.get("quantization_config"), **text}
     if tp < 1:
         raise UsageError(f"--tp {tp}: the tensor-parallel size is 1 or more")
     intermediate = _positive_int(config, INTERMEDIATE_KEYS, path)
