@@ -371,9 +371,7 @@ def prepare(
     onto_commit, onto_name = resolve_ref(source, onto)
     _require_vllm(source, onto_commit, onto_name)
     version = ref_version(source, onto_commit, onto_name)
-    known = series.bases(series_root)
-    if not known:
-        raise UsageError("there is no patch series to make pull requests from")
+    known = series.required_bases(series_root)
     base = series.base_for(version, series_root) if version else known[-1]
     reason = (
         f"the series for vLLM {version}, the release {onto_name} is or contains"

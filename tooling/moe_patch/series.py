@@ -62,6 +62,16 @@ def bases(root: Path | None = None) -> list[str]:
     return [str(v) for v in sorted(found)]
 
 
+def required_bases(root: Path) -> list[str]:
+    """:func:`bases`, refusing a folder that holds no series (a mistyped --patches)."""
+    known = bases(root)
+    if not known:
+        raise UsageError(
+            f"there is no series under {root}; give --patches the folder that holds v<base>/series"
+        )
+    return known
+
+
 def base_for(version: str, root: Path | None = None) -> str:
     """The base release whose series serves ``version``."""
     known = bases(root)

@@ -40,7 +40,7 @@ import git
 from packaging.version import Version
 
 from . import applier, export, gitutil, index, lint, patchfile, probes, series, sources, trees
-from .errors import MoePatchError, UsageError
+from .errors import MoePatchError
 from .pipconfig import index_settings
 from .report import APPLIED, FAIL, FAILED, PASS, SKIP, as_json
 from .settings import Settings
@@ -105,9 +105,7 @@ class VerifyReport:
 def supported_releases(settings: Settings | None = None) -> list[str]:
     """Every release on the package index that a series serves (from the oldest base on)."""
     settings = settings or Settings.resolve()
-    known = series.bases(settings.series_root)
-    if not known:
-        raise UsageError(f"there is no series under {settings.series_root}")
+    known = series.required_bases(settings.series_root)
     oldest = Version(known[0])
     releases = [d.version for d in index.distributions(index_settings(settings.index_url))]
     return sorted({v for v in releases if Version(v) >= oldest}, key=Version)
@@ -487,9 +485,7 @@ def verify(
     started = time.perf_counter()
     settings = settings or Settings.resolve()
     root, index_url = settings.series_root, settings.index_url
-    known = series.bases(root)
-    if not known:
-        raise UsageError(f"there is no series under {root}")
+    known = series.required_bases(root)
     if versions:
         chosen = list(dict.fromkeys(trees.resolve_version(v, index_url) for v in versions))
         bases = sorted({series.base_for(v, root) for v in chosen}, key=Version)

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 from .. import series
-from ..errors import UsageError
 from ..settings import Settings
 
 
 def list_series(vllm: str | None = None, settings: Settings | None = None) -> list[dict]:
     """One entry per (base, patch); with ``vllm``, only the series serving it."""
     series_root = (settings or Settings.resolve()).series_root
-    if not series.bases(series_root):
-        raise UsageError(
-            f"there is no series under {series_root}; give --patches the folder that holds "
-            "v<base>/series"
-        )
-    chosen = [series.base_for(vllm, series_root)] if vllm else series.bases(series_root)
+    known = series.required_bases(series_root)
+    chosen = [series.base_for(vllm, series_root)] if vllm else known
     rows = []
     for base in chosen:
         loaded = series.load(base, series_root)
