@@ -251,13 +251,15 @@ def build(
     from moe_patch import __version__ as series_version
     from moe_patch import wheel as wheels
     from moe_patch.commands.wheel import wheel as build_patched
+    from moe_patch.settings import Settings
 
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("part-*"):
         stale.unlink()
     with tempfile.TemporaryDirectory(prefix="moe-e2e-") as scratch:
         scratch = Path(scratch)
-        result = build_patched(vllm, scratch / "dist", platform=platform, index_url=index_url)
+        settings = Settings.resolve(index_url=index_url)
+        result = build_patched(vllm, scratch / "dist", platform=platform, settings=settings)
         official, dist = wheels.official_wheel(result.vllm, platform, index_url)
         segments, dropped = kept_segments(official, tuple(drop))
         overlay, changed = patched_overlay(official, Path(result.path))

@@ -3,14 +3,20 @@
 vLLM writes one Chrome trace per profiled window (``ProfilerConfig.torch_profiler_dir``); the
 GPU kernels in it (events of category ``kernel``) are summed per kind:
 
-* ``moe_gemm``: the expert GEMMs (Triton ``fused_moe_kernel``, CUTLASS / FlashInfer MoE GEMMs);
+* ``moe_gemm``: the expert GEMMs (Triton ``fused_moe_kernel``, CUTLASS grouped / FlashInfer MoE
+  GEMMs);
 * ``moe_routing``: top-k, alignment and sorting of tokens to experts, the weighted sum;
 * ``attention``: attention kernels and the KV-cache writes;
 * ``linear``: the dense projections (QKV, output, LM head, router) and other GEMMs;
 * ``quantization``: activation quantisation and scale kernels;
 * ``other``: norms, rotary embedding, activations, sampling, copies, everything else.
 
-The first matching rule wins, in the order of ``RULES``.
+Kernels that torch.compile (Inductor) generates, ``triton_{poi,red,per}_fused_...``, are named
+after the graph nodes they fuse, which may include the GEMM they feed (``..._scaled_mm_...``):
+they are elementwise or reduction kernels, so they count as ``quantization`` when they compute
+a scale (abs / max / clamp / reciprocal) and as ``other`` otherwise.  For the rest, the first
+matching rule wins, in the order of ``RULES``.  A window keeps every kernel's time by name, so a
+result can be sorted again when the rules learn a name (``moe_e2e.report --refresh``).
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ import re
 from pathlib import Path
 
 RULES = (
-    ("moe_gemm", re.compile(r"fused_moe_kernel|moe.*(gemm|mm)|grouped.*(gemm|mm)|cutlass.*moe")),
+    (
+        "moe_gemm",
+        re.compile(r"fused_moe_kernel|moe.*(gemm|mm)|group(ed)?_?(gemm|mm)|cutlass.*moe"),
+    ),
     (
         "moe_routing",
         re.compile(
@@ -34,10 +43,14 @@ RULES = (
     ("quantization", re.compile(r"quant|fp8|scale")),
 )
 KINDS = tuple(kind for kind, _ in RULES) + ("other",)
+INDUCTOR = re.compile(r"^triton_(poi|red|per)_fused")
+SCALE_MATH = re.compile(r"quant|fp8|abs.*(max|clamp)|clamp.*reciprocal|reciprocal")
 
 
 def classify(kernel_name: str) -> str:
     name = kernel_name.lower()
+    if INDUCTOR.search(name):
+        return "quantization" if SCALE_MATH.search(name) else "other"
     for kind, pattern in RULES:
         if pattern.search(name):
             return kind
@@ -50,27 +63,64 @@ def load_trace(path: Path) -> dict:
         return json.load(handle)
 
 
+TOP = 12
+NAME_CHARS = 240  # enough to tell kernels apart (template arguments), short enough to read
+
+
 def breakdown(trace: dict, steps: int) -> dict:
-    """GPU kernel time per kind (µs per step and share), the top kernels, from one trace."""
-    totals = dict.fromkeys(KINDS, 0.0)
+    """GPU kernel time per kind (µs per step and share) and per kernel, from one trace."""
     per_kernel: dict[str, float] = {}
     for event in trace.get("traceEvents", []):
         if event.get("cat") != "kernel" or "dur" not in event:
             continue
-        name = event.get("name", "")
-        totals[classify(name)] += event["dur"]
+        name = event.get("name", "")[:NAME_CHARS]
         per_kernel[name] = per_kernel.get(name, 0.0) + event["dur"]
-    total = sum(totals.values())
-    if not total:
+    if not per_kernel:
         return {"steps": steps, "error": "no GPU kernels in the trace"}
-    top = sorted(per_kernel.items(), key=lambda item: -item[1])[:12]
+    kernels = [
+        {"name": name, "us_per_step": us / steps}
+        for name, us in sorted(per_kernel.items(), key=lambda item: -item[1])
+    ]
+    return {"steps": steps, **by_kind(kernels), "kernels": kernels}
+
+
+def by_kind(kernels: list[dict]) -> dict:
+    """Totals per kind and the top kernels, from a window's per-kernel times."""
+    totals = dict.fromkeys(KINDS, 0.0)
+    for kernel in kernels:
+        totals[classify(kernel["name"])] += kernel["us_per_step"]
+    total = sum(totals.values())
     return {
-        "steps": steps,
-        "kernel_us_per_step": total / steps if steps else None,
-        "us_per_step": {kind: totals[kind] / steps for kind in KINDS} if steps else None,
-        "share": {kind: (totals[kind] / total if total else 0.0) for kind in KINDS},
+        "kernel_us_per_step": total,
+        "us_per_step": totals,
+        "share": {kind: totals[kind] / total for kind in KINDS},
         "top_kernels": [
-            {"name": name[:120], "kind": classify(name), "us_per_step": us / steps if steps else us}
-            for name, us in top
+            {"name": k["name"][:120], "kind": classify(k["name"]), "us_per_step": k["us_per_step"]}
+            for k in kernels[:TOP]
         ],
+    }
+
+
+def resorted(window: dict) -> dict:
+    """``window`` with its kinds computed again by the current rules.  A window that kept every
+    kernel is sorted exactly; one that kept only its top kernels has each of those moved to its
+    kind now, the rest left where they were counted (``resorted_from_top``)."""
+    if "error" in window:
+        return window
+    if "kernels" in window:
+        return {**window, **by_kind(window["kernels"])}
+    totals = dict(window["us_per_step"])
+    top = []
+    for kernel in window["top_kernels"]:
+        kind = classify(kernel["name"])
+        totals[kernel["kind"]] -= kernel["us_per_step"]
+        totals[kind] += kernel["us_per_step"]
+        top.append({**kernel, "kind": kind})
+    total = sum(totals.values())
+    return {
+        **window,
+        "us_per_step": totals,
+        "share": {kind: totals[kind] / total for kind in KINDS},
+        "top_kernels": top,
+        "resorted_from_top": True,
     }

@@ -85,8 +85,9 @@ def markdown(report: dict) -> str:
         )
     if len(report.get("sessions", [])) > 1:
         lines.append(
-            f"- measured in {len(report['sessions'])} device sessions (`--resume`); each "
-            "variant's `started_at` says when"
+            f"- measured by {len(report['sessions'])} runs of the command (`--resume`), on one "
+            "machine or several (each run's environment is in the JSON); each variant's "
+            "`started_at` says when"
         )
     lines.append("")
     batches = [str(b) for b in report["spec"]["decode_batches"]]
@@ -180,8 +181,17 @@ def markdown(report: dict) -> str:
                     lines.append(f"| {v['name']} | {batch} | {p['error']} |" + " |" * len(KINDS))
                     continue
                 cells = [f"{p['us_per_step'][k]:.0f} ({p['share'][k]:.0%})" for k in KINDS]
-                row = [v["name"], batch, f"{p['kernel_us_per_step']:.0f}", *cells]
+                label = f"{batch} †" if p.get("resorted_from_top") else batch
+                row = [v["name"], label, f"{p['kernel_us_per_step']:.0f}", *cells]
                 lines.append("| " + " | ".join(row) + " |")
+        if any(
+            p.get("resorted_from_top") for v in profiled for p in v["result"]["profile"].values()
+        ):
+            lines += [
+                "",
+                "† sorted again by today's rules from the top kernels the window kept; smaller "
+                "kernels stay where the rules of the run put them.",
+            ]
     lines += ["", "## What each engine logged", ""]
     for v in report["variants"]:
         facts = ", ".join(
@@ -214,13 +224,27 @@ def refresh_log_facts(report: dict, logs: Path) -> None:
             variant.update(parse_log(log.read_text(errors="replace")))
 
 
+def resort_profiles(report: dict) -> None:
+    """Sort each profiled window's kernels into kinds again by the current rules."""
+    from .profile import resorted
+
+    for variant in report["variants"]:
+        profile = variant.get("result", {}).get("profile")
+        if profile:
+            variant["result"]["profile"] = {
+                window: resorted(times) for window, times in profile.items()
+            }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m moe_e2e.report", description="Write RESULT.md beside RESULT.json."
     )
     parser.add_argument("result", type=Path, help="a moe_e2e.run result file")
     parser.add_argument(
-        "--refresh", action="store_true", help="re-read the engines' facts from the kept logs"
+        "--refresh",
+        action="store_true",
+        help="re-read the engines' facts from the kept logs and sort profiled kernels again",
     )
     args = parser.parse_args(argv)
     if not args.result.is_file():
@@ -228,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     report = json.loads(args.result.read_text())
     if args.refresh:
         refresh_log_facts(report, args.result.parent / f"{args.result.stem}-logs")
+        resort_profiles(report)
         args.result.write_text(json.dumps(report, indent=2) + "\n")
     args.result.with_suffix(".md").write_text(markdown(report))
     return 0

@@ -49,6 +49,11 @@ LOG_FACTS = {
     "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
     "model_load_s": re.compile(r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds"),
 }
+# The environment each --routing gives the engines (vLLM's RoutingSimulatorRouter).
+ROUTINGS = {
+    "model": {},
+    "uniform": {"VLLM_MOE_ROUTING_SIMULATION_STRATEGY": "uniform_random"},
+}
 DEFAULT_SPEC = {
     "max_model_len": 4096,
     "gpu_memory_utilization": 0.85,
@@ -369,6 +374,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument(
+        "--routing",
+        choices=sorted(ROUTINGS),
+        default="model",
+        help="model: the dummy model's own router (dummy weights route almost every token to "
+        "the same experts); uniform: each token's experts drawn uniformly at random by vLLM's "
+        "routing simulator, as a trained router spreads a batch",
+    )
+    parser.add_argument(
         "--share-deepgemm-cache",
         action="store_true",
         help="one DeepGEMM kernel cache for every engine (block FP8's dense layers: ~2.5 min "
@@ -380,6 +393,14 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         required=True,
         help="result path without suffix (with several models: <out>-<model> for each)",
+    )
+    parser.add_argument(
+        "--start-before",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="start no variant once SECONDS have passed since the command began (a device "
+        "call's time limit); what is left runs with --resume, and the exit code is 3",
     )
     parser.add_argument(
         "--resume",
@@ -408,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         "tensor_parallel_size": args.tensor_parallel_size,
         "gpu_slots": slots,
         "shared_deepgemm_cache": args.share_deepgemm_cache,
+        "routing": args.routing,
         "repeats": args.repeats,
         "decode_batches": [int(b) for b in args.decode_batches.split(",")],
         "profile_batches": [int(b) for b in args.profile_batches.split(",") if b],
@@ -422,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"unknown model {', '.join(unknown)}: choose from {', '.join(sorted(models.MODELS))}"
         )
-    failed = False
+    deadline = None if args.start_before is None else time.monotonic() + args.start_before
+    failed = left = False
     for model in names:
         out = args.out if len(names) == 1 else args.out.parent / f"{args.out.name}-{model}"
         report = new_report(command, staged, spec, model)
@@ -434,11 +457,16 @@ def main(argv: list[str] | None = None) -> int:
         todo = variants(
             model, args.kinds.split(","), args.wheels.split(","), args.head_to_head, args.rounds
         )
-        if args.share_deepgemm_cache:
-            for variant in todo:
-                variant["env"] = {"DG_JIT_CACHE_DIR": str(args.staged / "deep_gemm-cache")}
-        failed |= not run_model(report, todo, staged, spec, out, args.timeout, slots)
-    return 1 if failed else 0
+        for variant in todo:
+            if args.share_deepgemm_cache:
+                variant.setdefault("env", {})["DG_JIT_CACHE_DIR"] = str(
+                    args.staged / "deep_gemm-cache"
+                )
+            variant.setdefault("env", {}).update(ROUTINGS[args.routing])
+        outcome = run_model(report, todo, staged, spec, out, args.timeout, slots, deadline)
+        failed |= outcome == "failed"
+        left |= outcome == "left"
+    return 1 if failed else 3 if left else 0
 
 
 def result_path(out: Path, suffix: str = ".json") -> Path:
@@ -479,7 +507,9 @@ def resumed(report: dict, path: Path) -> dict:
             differs.append(f"{wheel} sha256")
     placement = ("gpu_slots",)
     spec = {k: v for k, v in report["spec"].items() if k not in placement}
-    if {k: v for k, v in earlier.get("spec", {}).items() if k not in placement} != spec:
+    # Files from before --routing existed measured the model's own router.
+    earlier_spec = {"routing": "model", **earlier.get("spec", {})}
+    if {k: v for k, v in earlier_spec.items() if k not in placement} != spec:
         differs.append("spec")
     if differs:
         raise ValueError(
@@ -508,14 +538,21 @@ def run_model(
     out: Path,
     timeout: float,
     slots: list[str | None],
-) -> bool:
-    """Run the variants ``report`` does not hold yet; rewrite its JSON after every group and its
-    Markdown at the end.  True when every variant has a result."""
+    deadline: float | None = None,
+) -> str:
+    """Run the variants ``report`` does not hold yet, starting none after ``deadline`` (a
+    ``time.monotonic()`` value); rewrite its JSON after every group and its Markdown at the
+    end.  "done" when every variant has a result, "left" when the deadline left some for
+    ``--resume``, else "failed"."""
     done = {v["name"] for v in report["variants"]}
     todo = [v for v in todo if v["name"] not in done]
     logs = out.parent / f"{out.name}-logs"
     logs.mkdir(parents=True, exist_ok=True)
+    left: list[str] = []
     for group in groups(todo, len(slots)):
+        if left or (deadline is not None and time.monotonic() >= deadline):
+            left += [variant["name"] for variant in group]
+            continue
         records = run_group(staged, group, spec, logs, timeout, slots)
         report["variants"].extend(records)
         result_path(out).write_text(json.dumps(report, indent=2) + "\n")
@@ -531,7 +568,12 @@ def run_model(
 
     result_path(out).write_text(json.dumps(report, indent=2) + "\n")
     result_path(out, ".md").write_text(markdown(report))
-    return all("result" in r for r in report["variants"])
+    if not all("result" in r for r in report["variants"]):
+        return "failed"
+    if left:
+        print(f"left for --resume (--start-before passed): {', '.join(left)}", flush=True)
+        return "left"
+    return "done"
 
 
 if __name__ == "__main__":

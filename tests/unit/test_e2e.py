@@ -427,7 +427,7 @@ def test_resume_runs_only_what_is_missing_or_failed(monkeypatch, staged_dir, tmp
     report = json.loads((tmp_path / "res.json").read_text())
     assert [v["wheel"] for v in report["variants"]] == ["official", "patched"]
     assert len(report["sessions"]) == 2
-    assert "measured in 2 device sessions" in (tmp_path / "res.md").read_text()
+    assert "measured by 2 runs of the command" in (tmp_path / "res.md").read_text()
 
     # Other wheels or another measurement: refused, the file left as it was.
     before = (tmp_path / "res.json").read_text()
@@ -439,6 +439,46 @@ def test_resume_runs_only_what_is_missing_or_failed(monkeypatch, staged_dir, tmp
     with pytest.raises(SystemExit):
         run.main([*args, "--resume"])
     assert (tmp_path / "res.json").read_text() == before
+
+
+def test_start_before_leaves_the_rest_for_resume(monkeypatch, staged_dir, tmp_path, capsys):
+    clock = iter(range(0, 1000, 100))  # each look at the clock: 100 s later
+    monkeypatch.setattr(run.time, "monotonic", lambda: next(clock))
+    out = tmp_path / "cut"
+    args = ["--staged", str(staged_dir), "--model", "tiny-qwen3-moe", "--out", str(out)]
+    args += ["--kinds", "fp8-static,fp8-block"]
+    started = fake_engines(monkeypatch)
+    assert run.main([*args, "--start-before", "150"]) == 3
+    assert started == ["tiny-qwen3-moe-fp8-static-official"]
+    assert "left for --resume" in capsys.readouterr().out
+    started = fake_engines(monkeypatch)
+    assert run.main([*args, "--resume"]) == 0
+    assert len(started) == 3 and "tiny-qwen3-moe-fp8-static-official" not in started
+
+
+def test_uniform_routing_reaches_every_engine_and_the_spec(monkeypatch, staged_dir, tmp_path):
+    seen = []
+    fake_engines(monkeypatch)
+    recorded = run.run_variant
+    monkeypatch.setattr(
+        run,
+        "run_variant",
+        lambda staged, v, *a, **k: seen.append(v) or recorded(staged, v, *a, **k),
+    )
+    out = tmp_path / "uniform"
+    args = ["--staged", str(staged_dir), "--model", "tiny-qwen3-moe", "--kinds", "fp8-static"]
+    assert run.main([*args, "--out", str(out), "--routing", "uniform"]) == 0
+    assert [v["env"]["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] for v in seen] == [
+        "uniform_random"
+    ] * 2
+    report = json.loads((tmp_path / "uniform.json").read_text())
+    assert report["spec"]["routing"] == "uniform"
+    with pytest.raises(SystemExit):  # the model's router is another measurement
+        run.main([*args, "--out", str(out), "--resume"])
+    # A file from before --routing existed resumes as the model's own router.
+    del report["spec"]["routing"]
+    (tmp_path / "uniform.json").write_text(json.dumps(report))
+    assert run.main([*args, "--out", str(out), "--resume"]) == 0
 
 
 def test_several_models_write_one_result_each(monkeypatch, staged_dir, tmp_path):
@@ -455,6 +495,36 @@ def test_several_models_write_one_result_each(monkeypatch, staged_dir, tmp_path)
         run.main(["--staged", str(staged_dir), "--model", "gpt-moe", "--out", str(out)])
 
 
+def _report_with_profile(profile: dict) -> dict:
+    """A one-variant result file whose engine was profiled in ``profile``'s windows."""
+    result = {
+        "startup_s": 60.0,
+        "first_ttft_s": 0.5,
+        "decode": {"1": {"tpot_ms": [5.0], "median_ms": 5.0}},
+        "throughput": {"output_tokens_per_s": 1000.0},
+        "trace": {"ttft_p50_ms": 40.0, "ttft_p99_ms": 400.0, "triton_kernels_compiled": 0},
+        "profile": profile,
+    }
+    return _report(
+        [{"name": "p", "kind": "fp8-static", "wheel": "patched", "log": "p.log", "result": result}]
+    )
+
+
+def _report(variants: list[dict]) -> dict:
+    """A result file of one model holding ``variants``."""
+    return {
+        "command": "python -m moe_e2e.run",
+        "vllm": "0.21.0",
+        "series_version": "0.1.0",
+        "environment": {"gpu": "H200"},
+        "model": "m",
+        "spec": {"decode_batches": [1], "max_num_seqs": 64, "max_model_len": 4096},
+        "official_wheel": {"file": "o.whl", "sha256": "aa", "dropped": []},
+        "patched_wheel": {"file": "p.whl", "sha256": "bb", "version": "0.21.0+moe.0.1.0"},
+        "variants": variants,
+    }
+
+
 def test_report_compares_the_wheels_per_kind():
     def result(scale):
         return {
@@ -469,16 +539,8 @@ def test_report_compares_the_wheels_per_kind():
             },
         }
 
-    report = {
-        "command": "python -m moe_e2e.run",
-        "vllm": "0.21.0",
-        "series_version": "0.1.0",
-        "environment": {"gpu": "H200"},
-        "model": "m",
-        "spec": {"decode_batches": [1], "max_num_seqs": 64, "max_model_len": 4096},
-        "official_wheel": {"file": "o.whl", "sha256": "aa", "dropped": []},
-        "patched_wheel": {"file": "p.whl", "sha256": "bb", "version": "0.21.0+moe.0.1.0"},
-        "variants": [
+    report = _report(
+        [
             {
                 "name": "o",
                 "kind": "fp8-block",
@@ -503,8 +565,8 @@ def test_report_compares_the_wheels_per_kind():
                 "log": "x.log",
                 "returncode": 1,
             },
-        ],
-    }
+        ]
+    )
     shares = dict.fromkeys(
         ("moe_gemm", "moe_routing", "attention", "linear", "quantization", "other"), 0.0
     )
@@ -542,6 +604,11 @@ def test_profile_sorts_kernels_into_the_kinds_of_a_decode_step():
         "void cutlass::device_kernel<cutlass_3x_gemm<...>>": "linear",
         "void vllm::scaled_fp8_quant_kernel<c10::BFloat16>": "quantization",
         "triton_red_fused_add_rms_norm_0": "other",
+        "void cutlass::device_kernel<(anonymous namespace)::cutlass_3x_group_gemm<e4m3>>": "moe_gemm",
+        "triton_red_fused__to_copy_abs_clamp_cutlass_scaled_mm_div_rms_norm_max_reciprocal_2": (
+            "quantization"
+        ),
+        "triton_poi_fused_cat_mm_3": "other",
     }
     for name, kind in names.items():
         assert profile.classify(name) == kind, name
@@ -566,6 +633,52 @@ def test_profile_sorts_kernels_into_the_kinds_of_a_decode_step():
         "kind": "moe_gemm",
         "us_per_step": 20.0,
     }
+    assert [k["name"] for k in out["kernels"]] == [
+        "fused_moe_kernel",
+        "void flash::flash_fwd_kernel",
+        "triton_poi_fused_mul_0",
+    ]
+
+
+def test_profiles_sort_again_by_todays_rules():
+    from moe_e2e import profile
+    from moe_e2e.report import markdown, resort_profiles
+
+    group_gemm = "void cutlass::device_kernel<cutlass_3x_group_gemm<e4m3>>"
+    kept_all = {
+        "steps": 1,
+        "us_per_step": {kind: 0.0 for kind in profile.KINDS} | {"linear": 30.0},
+        "kernels": [
+            {"name": group_gemm, "us_per_step": 20.0},
+            {"name": "nvjet", "us_per_step": 10.0},
+        ],
+    }
+    old_rules = {
+        **kept_all["us_per_step"],
+        "linear": 35.0,
+        "other": 5.0,
+    }
+    kept_top = {  # a window from before every kernel was kept: the small one stays in "other"
+        "steps": 1,
+        "kernel_us_per_step": 40.0,
+        "us_per_step": old_rules,
+        "share": {kind: us / 40.0 for kind, us in old_rules.items()},
+        "top_kernels": [
+            {"name": group_gemm, "kind": "linear", "us_per_step": 25.0},
+            {"name": "nvjet", "kind": "linear", "us_per_step": 10.0},
+        ],
+    }
+    report = json.loads(json.dumps(_report_with_profile({"1": kept_all, "16": kept_top})))
+    resort_profiles(report)
+    windows = report["variants"][0]["result"]["profile"]
+    assert windows["1"]["us_per_step"]["moe_gemm"] == 20.0
+    assert windows["1"]["us_per_step"]["linear"] == 10.0
+    assert windows["16"]["us_per_step"]["moe_gemm"] == 25.0
+    assert windows["16"]["us_per_step"]["linear"] == 10.0
+    assert windows["16"]["us_per_step"]["other"] == 5.0
+    assert windows["16"]["share"]["moe_gemm"] == 25.0 / 40.0
+    assert windows["16"]["resorted_from_top"] and "resorted_from_top" not in windows["1"]
+    assert "16 †" in markdown(report) and "| 1 |" in markdown(report)
 
 
 def test_measure_profiles_the_named_batches(fake_vllm, tmp_path):
@@ -674,3 +787,24 @@ def test_a_shared_deepgemm_cache_needs_one_gpu_slot(staged_dir, tmp_path):
     args = ["--staged", str(staged_dir), "--model", "qwen3-30b-a3b", "--out", str(tmp_path / "r")]
     with pytest.raises(SystemExit):
         run.main([*args, "--share-deepgemm-cache", "--gpus", "0,1"])
+
+
+def test_bundle_builds_from_the_index_and_stages(fake_index, series_root, tmp_path, monkeypatch):
+    """``bundle.build`` through the real wheel command (the synthetic release on the fake
+    index); only the engine's extra packages are left out (pip cannot fetch them here)."""
+    from wheel_support import add_wheel
+
+    fake_index.add("1.0.0")
+    add_wheel(fake_index, "1.0.0")
+    monkeypatch.setattr(bundle, "download_dependencies", lambda *args: [])
+    out = tmp_path / "bundle"
+    summary = bundle.build("1.0", out, 1, "3.12", (), None, fake_index.url)
+    assert summary["vllm"] == "1.0.0" and summary["parts"]
+    assert summary["patched_wheel_sha256"] != summary["official_wheel_sha256"]
+    monkeypatch.setattr(stage, "install_dependencies", lambda *args: None)
+    staged = tmp_path / "staged"
+    stage.stage(out, staged)
+    kernel = "vllm/model_executor/layers/fused_moe/fused_moe.py"
+    official = (staged / "site-official" / kernel).read_text()
+    patched = (staged / "site-patched" / kernel).read_text()
+    assert official != patched and "fused_moe_kernel" in patched
