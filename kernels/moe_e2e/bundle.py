@@ -209,7 +209,13 @@ def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def write_payload(
-    path: Path, official: Path, segments, patched_zip: bytes, deps: list[Path], manifest: dict
+    path: Path,
+    official: Path,
+    segments,
+    patched_zip: bytes,
+    deps: list[Path],
+    manifest: dict,
+    prebuilt: tuple[Path, ...] = (),
 ) -> None:
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
         add_bytes(tar, "manifest.json", json.dumps(manifest, indent=2).encode())
@@ -222,6 +228,8 @@ def write_payload(
         add_bytes(tar, "vllm-patched-overlay.zip", patched_zip)
         for wheel in deps:
             add_bytes(tar, f"deps/{wheel.name}", wheel.read_bytes())
+        for library in prebuilt:
+            add_bytes(tar, f"flashinfer-aot/{library.name}", library.read_bytes())
         for model in BENCH_MODELS:
             for kind in models.FP8_KINDS:
                 text = models.config_json(model, kind)
@@ -247,7 +255,11 @@ def build(
     platform: str,
     index_url: str | None = None,
     with_flashinfer: bool = False,
+    flashinfer_aot: tuple[Path, ...] = (),
 ) -> dict:
+    """Write the bundle's parts to ``out``.  ``flashinfer_aot``: FlashInfer JIT modules built
+    ahead of time (``moe_e2e.flashinfer_aot``), carried with FlashInfer into its AOT folder."""
+    with_flashinfer = with_flashinfer or bool(flashinfer_aot)
     from moe_patch import __version__ as series_version
     from moe_patch import wheel as wheels
     from moe_patch.commands.wheel import wheel as build_patched
@@ -287,10 +299,11 @@ def build(
                 "overlay_members": changed,
             },
             "dependencies": {w.name: sha256_file(w) for w in deps},
+            "flashinfer_aot": {library.name: sha256_file(library) for library in flashinfer_aot},
             "python_version": python_version,
         }
         payload = scratch / "payload.tar"
-        write_payload(payload, official, segments, overlay, deps, manifest)
+        write_payload(payload, official, segments, overlay, deps, manifest, flashinfer_aot)
         parts = split(payload, out, part_mib << 20)
         summary = {
             "vllm": result.vllm,
@@ -333,6 +346,16 @@ def main(argv: list[str] | None = None) -> int:
         help="also bundle flashinfer-python at the release's pin (its kernels are JIT-built "
         "with the GPU machine's nvcc on first use)",
     )
+    parser.add_argument(
+        "--flashinfer-aot",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="LIBRARY",
+        help="a FlashInfer module built ahead of time (python -m moe_e2e.flashinfer_aot), "
+        "installed into FlashInfer's AOT folder so it is not compiled there; implies "
+        "--with-flashinfer",
+    )
     args = parser.parse_args(argv)
     summary = build(
         args.vllm,
@@ -343,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         args.platform,
         args.index_url,
         args.with_flashinfer,
+        tuple(args.flashinfer_aot),
     )
     sizes = ", ".join(f"{p['name']} {p['size'] / 2**20:.1f} MiB" for p in summary["parts"])
     print(f"vLLM {summary['vllm']} bundle in {args.out}: {sizes}")

@@ -145,9 +145,9 @@ def variant_env(
         # FlashInfer JIT-builds its kernels with nvcc on first use: one workspace for every
         # variant, so only the first engine that needs a kernel pays for its build.
         env["FLASHINFER_WORKSPACE_BASE"] = str(Path(staged["sites"]["deps"]).parent / "flashinfer")
-    else:
-        # vLLM's sampler imports FlashInfer by default on CUDA; without it, PyTorch's sampler.
-        env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    # PyTorch's sampler for every engine: the same for both wheels, and with FlashInfer staged
+    # its sampling kernels would be compiled on the GPU machine at the first engine's start.
+    env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
     if fp8_env:
         env["VLLM_FP8_MOE_BACKEND"] = fp8_env
     env.update(extra or {})

@@ -10,7 +10,8 @@ and installs
   against the wheel's RECORD;
 * ``site-patched``: the same files with the patched wheel's members in place, every file
   checked against the patched wheel's RECORD, so it holds what installing that wheel gives;
-* ``site-deps``: the engine's missing packages (``pip install --no-index --target``);
+* ``site-deps``: the engine's missing packages (``pip install --no-index --target``), and
+  FlashInfer modules built ahead of time in FlashInfer's AOT folder;
 * ``models``: the model configurations.
 
 It prints what is still missing and exits 0 until every part is there; 1 on a checksum or
@@ -158,6 +159,20 @@ def install_dependencies(payload: Path, manifest: dict, target: Path) -> None:
         raise StageError("pip could not install the bundled packages: " + result.stderr[-400:])
 
 
+def install_prebuilt(payload: Path, manifest: dict, site: Path) -> None:
+    """FlashInfer modules built ahead of time go where FlashInfer looks before compiling:
+    ``flashinfer/data/aot/<module>/<module>.so``."""
+    for name, digest in manifest.get("flashinfer_aot", {}).items():
+        library = payload / "flashinfer-aot" / name
+        if sha256_file(library) != digest:
+            raise StageError(f"{name} does not match the manifest")
+        if not (site / "flashinfer").is_dir():
+            raise StageError(f"{name} is a FlashInfer module, but FlashInfer is not bundled")
+        target = site / "flashinfer" / "data" / "aot" / Path(name).stem / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(library, target)
+
+
 def stage(source: Path, into: Path) -> dict | None:
     into.mkdir(parents=True, exist_ok=True)
     done = into / "staged.json"
@@ -176,6 +191,7 @@ def stage(source: Path, into: Path) -> dict | None:
         into / "site-official", payload / "vllm-patched-overlay.zip", into / "site-patched", skip
     )
     install_dependencies(payload, manifest, into / "site-deps")
+    install_prebuilt(payload, manifest, into / "site-deps")
     shutil.rmtree(into / "models", ignore_errors=True)
     shutil.copytree(payload / "models", into / "models")
     for leftover in (into / "payload.tar", wheel):
@@ -195,6 +211,7 @@ def stage(source: Path, into: Path) -> dict | None:
         "official_files_checked": official_files,
         "patched_files_checked": patched_files,
         "dependencies": sorted(manifest["dependencies"]),
+        "flashinfer_aot": sorted(manifest.get("flashinfer_aot", {})),
         "sites": {
             "official": str(into / "site-official"),
             "patched": str(into / "site-patched"),

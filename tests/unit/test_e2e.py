@@ -114,7 +114,7 @@ def test_overlay_holds_changed_members_and_dist_info(wheels):
     )
 
 
-def _payload_without_pip(monkeypatch, wheels, tmp_path, drop=("vllm/big.so",)):
+def _payload_without_pip(monkeypatch, wheels, tmp_path, drop=("vllm/big.so",), prebuilt=()):
     official, patched = wheels
     segments, dropped = bundle.kept_segments(official, drop)
     overlay, changed = bundle.patched_overlay(official, patched)
@@ -138,9 +138,10 @@ def _payload_without_pip(monkeypatch, wheels, tmp_path, drop=("vllm/big.so",)):
         "dependencies": {},
     }
     payload = tmp_path / "payload.tar"
-    bundle.write_payload(payload, official, segments, overlay, [], manifest)
+    manifest["flashinfer_aot"] = {library.name: bundle.sha256_file(library) for library in prebuilt}
+    bundle.write_payload(payload, official, segments, overlay, [], manifest, prebuilt)
     out = tmp_path / "parts"
-    out.mkdir()
+    out.mkdir(exist_ok=True)
     parts = bundle.split(payload, out, 20_000)
     (out / "bundle.json").write_text(
         json.dumps({"parts": parts, "payload_sha256": bundle.sha256_file(payload)})
@@ -756,7 +757,7 @@ def test_flashinfer_comes_at_the_release_pin_and_changes_the_engine_environment(
     assert "FLASHINFER_WORKSPACE_BASE" not in without
     staged["dependencies"].append("flashinfer_python-0.6.8.post1-py3-none-any.whl")
     with_fi = run.variant_env(staged, "patched", tmp_path / "caches", "flashinfer_cutlass")
-    assert "VLLM_USE_FLASHINFER_SAMPLER" not in with_fi
+    assert with_fi["VLLM_USE_FLASHINFER_SAMPLER"] == "0"  # same sampler, nothing compiled
     assert with_fi["FLASHINFER_WORKSPACE_BASE"] == str(tmp_path / "flashinfer")
     assert with_fi["VLLM_FP8_MOE_BACKEND"] == "flashinfer_cutlass"
     assert with_fi["PYTHONPATH"].split(os.pathsep)[:2] == ["p", str(tmp_path / "site-deps")]
@@ -808,3 +809,38 @@ def test_bundle_builds_from_the_index_and_stages(fake_index, series_root, tmp_pa
     official = (staged / "site-official" / kernel).read_text()
     patched = (staged / "site-patched" / kernel).read_text()
     assert official != patched and "fused_moe_kernel" in patched
+
+
+def test_a_prebuilt_flashinfer_module_lands_in_its_aot_folder(monkeypatch, wheels, tmp_path):
+    library = tmp_path / "fused_moe_90.so"
+    library.write_bytes(b"\x7fELF prebuilt")
+    parts = _payload_without_pip(monkeypatch, wheels, tmp_path, prebuilt=(library,))
+    with pytest.raises(stage.StageError, match="FlashInfer is not bundled"):
+        stage.stage(parts, tmp_path / "without")
+
+    def pip_installs_flashinfer(payload, manifest, target):
+        (target / "flashinfer").mkdir(parents=True)
+
+    parts = _payload_without_pip(monkeypatch, wheels, tmp_path, prebuilt=(library,))
+    monkeypatch.setattr(stage, "install_dependencies", pip_installs_flashinfer)
+    summary = stage.stage(parts, tmp_path / "staged")
+    aot = tmp_path / "staged/site-deps/flashinfer/data/aot/fused_moe_90/fused_moe_90.so"
+    assert aot.read_bytes() == b"\x7fELF prebuilt"
+    assert summary["flashinfer_aot"] == ["fused_moe_90.so"]
+
+
+def test_flashinfer_aot_needs_a_cuda_13_nvcc(monkeypatch, tmp_path, capsys):
+    from moe_e2e import flashinfer_aot
+
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
+    assert flashinfer_aot.main(["--out", str(tmp_path / "out")]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("moe_e2e.flashinfer_aot: no nvcc under") and "\n" not in error
+    nvcc = tmp_path / "cuda12/bin/nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda12"))
+    assert flashinfer_aot.main(["--out", str(tmp_path / "out")]) == 1
+    assert "nvcc 12.8" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
