@@ -15,7 +15,13 @@ and scales, the activations, the output) over the streaming-read bandwidth
 measured in the same run.
 
     python -m moe_kernels.bench --tree 0.21.0=/path/a --tree 0.21.0+moe=/path/b \
-        --out results.json
+        --out results.json [--shape NAME|tuned|untuned|all] [--M 1,2,4|vllm-grid] \
+        [--routings N] [--resume]
+
+``--routings N`` measures each case on N routings (the report takes their geometric mean);
+every case draws its weights, routing and activations from its own seed (``--seed`` and the
+case), so ``--resume``, which keeps the cases ``--out`` already holds for the same trees,
+gives the numbers an uninterrupted run would, and a long run can span several calls.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import json
 import statistics
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -40,6 +47,7 @@ from .measure import (
     FP8_ERROR_BOUND,
     LAUNCHES,
     REPLAYS,
+    SHAPE_GROUPS,
     SHAPES,
     WARMUP_REPLAYS,
     Variant,
@@ -58,6 +66,33 @@ from .reference import ref_moe_layer_quantized
 from .stats import rel_frobenius_error
 
 DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Every token count up to 16, then the decode batch sizes vLLM captures CUDA graphs for (and
+# pads a batch up to) up to 512: multiples of 8 to 256, of 16 beyond.
+VLLM_GRID = (*range(1, 17), *range(24, 257, 8), *range(272, 513, 16))
+
+
+SAVE_EVERY_S = 20  # --out is rewritten at least this often, and after each weight set
+
+
+def token_counts(spec: str) -> list[int]:
+    return list(VLLM_GRID) if spec == "vllm-grid" else [int(m) for m in spec.split(",")]
+
+
+def shape_names(requested: list[str] | None) -> list[str]:
+    """Shape names in order, groups (tuned, untuned, all) expanded, each once."""
+    names: list[str] = []
+    for name in requested or ["tuned"]:
+        for shape in SHAPE_GROUPS.get(name, [name]):
+            if shape not in names:
+                names.append(shape)
+    return names
+
+
+def case_generator(seed: int, *case) -> torch.Generator:
+    """A generator of its own for one case (weights: shape, GEMM, quant; a measurement: also M
+    and the routing), so a case's numbers do not depend on what ran before it."""
+    key = zlib.crc32(repr((seed, *case)).encode())
+    return torch.Generator(device=DEVICE).manual_seed(key)
 
 
 def run_case(variants, shape, gemm, quant, M, weights_q, gen, bandwidth) -> list[dict]:
@@ -166,7 +201,13 @@ def run_layer_case(variants, shape, quant, M, weights, gen, bandwidth) -> list[d
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", action="append", required=True, metavar="LABEL=PATH")
-    parser.add_argument("--shape", action="append", choices=sorted(SHAPES))
+    parser.add_argument(
+        "--shape",
+        action="append",
+        choices=sorted(SHAPES) + sorted(SHAPE_GROUPS),
+        help="a shape or a group: tuned (default: the shapes the series ships tables for), "
+        "untuned (published models without tables), all",
+    )
     parser.add_argument(
         "--gemm",
         action="append",
@@ -174,38 +215,80 @@ def main(argv: list[str] | None = None) -> int:
         help="default: up and down; layer times the whole MoE layer",
     )
     parser.add_argument("--quant", action="append", choices=["tensor", "channel", "block"])
-    parser.add_argument("--M", default=",".join(map(str, DEFAULT_M)))
-    parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument(
+        "--M",
+        default=",".join(map(str, DEFAULT_M)),
+        help="token counts, comma-separated, or vllm-grid (1-16 and vLLM's capture sizes to 512)",
+    )
+    parser.add_argument("--routings", type=int, default=1, help="routings per case")
+    parser.add_argument("--seed", type=int, default=None, help="default: the time, or --resume's")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the cases --out already holds (same trees and seed) and measure the rest",
+    )
     args = parser.parse_args(argv)
+    if args.routings < 1:
+        parser.error("--routings must be at least 1")
+    try:
+        token_counts(args.M)
+    except ValueError:
+        parser.error(f"--M takes comma-separated token counts or vllm-grid, not {args.M!r}")
+    done_rows: list[dict] = []
+    if args.resume and args.out.exists():
+        try:
+            earlier = json.loads(args.out.read_text())
+        except ValueError as error:
+            parser.error(f"cannot resume from {args.out}: {error}")
+        trees = dict(spec.partition("=")[::2] for spec in args.tree)
+        seed = earlier.get("method", {}).get("seed")
+        if earlier.get("variants") != trees or args.seed not in (None, seed):
+            parser.error(f"cannot resume {args.out}: other trees or seed; give another --out")
+        args.seed, done_rows = seed, earlier.get("rows", [])
+    if args.seed is None:
+        args.seed = int(time.time())
 
     variants = []
     for spec in args.tree:
         label, _, path = spec.partition("=")
         variants.append(Variant(label, Path(path), load_fused_moe_kernel(Path(path))))
-    gen = torch.Generator(device=DEVICE).manual_seed(args.seed)
     bandwidth = measure_bandwidth()
     print(
         f"bandwidth: read {bandwidth['read_gbps']:.0f} GB/s, copy {bandwidth['copy_gbps']:.0f} GB/s",
         flush=True,
     )
-    rows = []
-    for shape_name in args.shape or [name for name in SHAPES if name != "tiny-smoke-test"]:
+    rows = list(done_rows)
+    done = {case_key(r) for r in rows}
+    written = time.monotonic()
+    for shape_name in shape_names(args.shape):
         shape = SHAPES[shape_name]
         for gemm in args.gemm or ["up", "down"]:
             for quant in args.quant or ["tensor", "block"]:
+                todo = [
+                    (M, r)
+                    for M in token_counts(args.M)
+                    for r in range(args.routings)
+                    if (shape_name, gemm, quant, M, r) not in done
+                ]
+                if not todo:
+                    continue
+                gen = case_generator(args.seed, shape_name, gemm, quant)
                 if gemm == "layer":
                     weights_q = {g: make_weights(shape, g, quant, gen) for g in ("up", "down")}
                 else:
                     weights_q = make_weights(shape, gemm, quant, gen)
-                for M in (int(m) for m in args.M.split(",")):
+                for M, route in todo:
+                    gen = case_generator(args.seed, shape_name, gemm, quant, M, route)
                     if gemm == "layer":
                         case = run_layer_case(variants, shape, quant, M, weights_q, gen, bandwidth)
                     else:
                         case = run_case(variants, shape, gemm, quant, M, weights_q, gen, bandwidth)
+                    for row in case:
+                        row["routing"] = route
                     rows += case
                     print(
-                        f"{shape_name:16s} {gemm:4s} {quant:6s} M={M:<4d} "
+                        f"{shape_name:16s} {gemm:4s} {quant:6s} M={M:<4d} r{route} "
                         + "  ".join(
                             f"{r['variant']}={r['us']:.1f}us{'' if r['correct'] else '(WRONG)'}"
                             for r in case
@@ -213,14 +296,22 @@ def main(argv: list[str] | None = None) -> int:
                         + f"  floor={case[0]['floor_us']:.1f}",
                         flush=True,
                     )
+                    if time.monotonic() - written > SAVE_EVERY_S:  # a cut-short run resumes
+                        _write(args, argv, variants, bandwidth, rows)
+                        written = time.monotonic()
+                _write(args, argv, variants, bandwidth, rows)
+                written = time.monotonic()
                 del weights_q
                 if DEVICE == "cuda":
                     torch.cuda.empty_cache()
-                _write(args, argv, variants, bandwidth, rows)  # partial results survive a timeout
     _write(args, argv, variants, bandwidth, rows)
     wrong = [r for r in rows if not r["correct"]]
     print(f"{len(rows)} measurements, {len(wrong)} incorrect; written to {args.out}")
     return 1 if wrong else 0
+
+
+def case_key(row: dict) -> tuple:
+    return (row["shape"], row["gemm"], row["quant"], row["M"], row.get("routing", 0))
 
 
 def _write(args, argv, variants, bandwidth, rows) -> None:
@@ -233,6 +324,7 @@ def _write(args, argv, variants, bandwidth, rows) -> None:
             "warmup_replays": WARMUP_REPLAYS,
             "layer_calls_per_graph": LAYER_CALLS,
             "seed": args.seed,
+            "routings": args.routings,
         },
         "bandwidth": bandwidth,
         "variants": {v.label: str(v.tree) for v in variants},

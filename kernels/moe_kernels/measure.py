@@ -62,15 +62,30 @@ class Shape:
     intermediate: int
 
 
-SHAPES = {
-    s.name: s
-    for s in (
-        Shape("qwen3-30b-a3b", 128, 8, 2048, 768),
-        Shape("qwen3-235b-a22b", 128, 8, 4096, 1536),
-        Shape("mixtral-8x7b", 8, 2, 4096, 14336),
-        Shape("deepseek-v3-tp8", 256, 8, 7168, 256),
-        Shape("tiny-smoke-test", 8, 2, 256, 128),  # for the CPU smoke test only
-    )
+# The four shapes the series ships H200 tables for.
+TUNED_SHAPES = (
+    Shape("qwen3-30b-a3b", 128, 8, 2048, 768),
+    Shape("qwen3-235b-a22b", 128, 8, 4096, 1536),
+    Shape("mixtral-8x7b", 8, 2, 4096, 14336),
+    Shape("deepseek-v3-tp8", 256, 8, 7168, 256),
+)
+# Published FP8 MoE models no table was tuned for (config.json's experts, top-k, hidden size
+# and MoE intermediate size, the intermediate divided by the tensor-parallel size): several
+# expert counts, and grids at M = 1 below the GPU's SM count (Qwen3-Coder, MiniMax) or not.
+UNTUNED_SHAPES = (
+    Shape("glm-4.5-air", 128, 8, 4096, 1408),
+    Shape("qwen3-coder-480b-a35b-tp8", 160, 8, 6144, 320),
+    Shape("minimax-m2-tp4", 256, 8, 3072, 384),
+    Shape("mixtral-8x22b-tp4", 8, 2, 6144, 4096),
+    Shape("deepseek-v2-lite", 64, 6, 2048, 1408),
+    Shape("llama-4-scout-tp2", 16, 1, 5120, 4096),
+)
+SMOKE_SHAPE = Shape("tiny-smoke-test", 8, 2, 256, 128)  # for the CPU smoke test only
+SHAPES = {s.name: s for s in (*TUNED_SHAPES, *UNTUNED_SHAPES, SMOKE_SHAPE)}
+SHAPE_GROUPS = {
+    "tuned": [s.name for s in TUNED_SHAPES],
+    "untuned": [s.name for s in UNTUNED_SHAPES],
+    "all": [s.name for s in (*TUNED_SHAPES, *UNTUNED_SHAPES)],
 }
 
 

@@ -47,6 +47,11 @@ def _header(report: dict) -> list[str]:
             + ", median µs per launch; output "
             "poisoned with NaN and checked against a float64 reference first"
         )
+        if m.get("routings", 1) > 1:
+            lines.append(
+                f"- each case measured on {m['routings']} routings, each with its own seed; "
+                "the tables give their geometric mean"
+            )
         if "layer_calls_per_graph" in m:
             lines.append(
                 f"- `layer` rows: the whole MoE layer (both GEMMs, the harness's torch glue for "
@@ -96,8 +101,34 @@ def fixed_cost_section(cases: dict) -> list[str]:
     return out
 
 
+def combine_routings(rows: list[dict]) -> list[dict]:
+    """One row per case and variant: a case measured on several routings (``--routings``)
+    becomes their geometric mean (time and floor), correct only if every routing was."""
+    by_case: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_case[(r["shape"], r["gemm"], r["quant"], r["M"], r["variant"])].append(r)
+    combined = []
+    for measured in by_case.values():
+        if len(measured) == 1:
+            combined.append(measured[0])
+            continue
+        us = _geomean([r["us"] for r in measured])
+        floor_us = _geomean([r["floor_us"] for r in measured])
+        combined.append(
+            {
+                **measured[0],
+                "us": us,
+                "floor_us": floor_us,
+                "fraction_of_floor": floor_us / us,
+                "correct": all(r["correct"] for r in measured),
+                "routings": len(measured),
+            }
+        )
+    return combined
+
+
 def bench_markdown(report: dict) -> str:
-    rows = [r for r in report["rows"] if r["shape"] not in SKIP_SHAPES]
+    rows = combine_routings([r for r in report["rows"] if r["shape"] not in SKIP_SHAPES])
     variants = list(report["variants"])
     base = variants[0]
     cases = defaultdict(dict)
@@ -164,7 +195,7 @@ def bench_plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in report["rows"] if r["shape"] not in SKIP_SHAPES]
+    rows = combine_routings([r for r in report["rows"] if r["shape"] not in SKIP_SHAPES])
     variants = list(report["variants"])
     panels = sorted({(r["gemm"], r["quant"]) for r in rows})
     shapes = sorted({r["shape"] for r in rows})

@@ -54,6 +54,7 @@ from .launch import token_rows_launched
 from .loader import load_fused_moe_kernel
 from .measure import (
     DEVICE,
+    SHAPE_GROUPS,
     SHAPES,
     WARMUP_REPLAYS,
     Variant,
@@ -308,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator(device=DEVICE).manual_seed(args.seed)
     bandwidth = measure_bandwidth()
     results = []
-    for shape_name in args.shape or [n for n in SHAPES if n != "tiny-smoke-test"]:
+    for shape_name in args.shape or SHAPE_GROUPS["tuned"]:
         shape = SHAPES[shape_name]
         for quant in args.quant or ["tensor", "block"]:
             weights = {g: make_weights(shape, g, quant, gen) for g in ("up", "down")}

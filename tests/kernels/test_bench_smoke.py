@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from moe_kernels import bench, measure
 from moe_kernels.dispatch import config_for
-from moe_kernels.report import bench_markdown, fixed_cost_section
+from moe_kernels.report import bench_markdown, combine_routings, fixed_cost_section
 
 
 def test_bench_runs_and_checks_every_variant(release_trees, tmp_path):
@@ -246,3 +246,45 @@ def test_recorded_commands_name_no_machine_path(monkeypatch, tmp_path):
     assert command_line("moe_kernels.bench", argv).endswith(
         "-m moe_kernels.bench --tree 0.21.0=trees/a --out $OUT/r.json --M 1"
     )
+
+
+def test_routings_and_resume_measure_each_case_once_from_its_own_seed(release_trees, tmp_path):
+    out = tmp_path / "bench.json"
+    args = [f"--tree=0.21.0+moe={release_trees('0.21.0+moe')}", "--shape", "tiny-smoke-test"]
+    args += ["--gemm", "down", "--quant", "tensor", "--M", "1,3", "--routings", "2"]
+    assert bench.main([*args, "--seed", "7", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["method"]["routings"] == 2
+    keys = [(r["M"], r["routing"]) for r in report["rows"]]
+    assert keys == [(1, 0), (1, 1), (3, 0), (3, 1)]
+    # A run cut short after two cases: --resume measures the other two, with the same draws.
+    full = {(r["M"], r["routing"]): r for r in report["rows"]}
+    report["rows"] = report["rows"][:2]
+    out.write_text(json.dumps(report))
+    assert bench.main([*args, "--resume", "--out", str(out)]) == 0
+    resumed = json.loads(out.read_text())
+    assert [(r["M"], r["routing"]) for r in resumed["rows"]] == keys
+    for row in resumed["rows"][2:]:
+        earlier = full[(row["M"], row["routing"])]
+        same_draws = ("bytes", "experts_hit", "config")  # the floor's bytes: its routing
+        assert {k: row[k] for k in same_draws} == {k: earlier[k] for k in same_draws}
+    with pytest.raises(SystemExit):  # another seed is another measurement
+        bench.main([*args, "--resume", "--seed", "8", "--out", str(out)])
+    # The report: one row per case, the routings' geometric mean.
+    text = bench_markdown(resumed)
+    assert "measured on 2 routings" in text
+    assert text.count("| tiny-smoke-test | down | tensor |") == 0  # the smoke shape is skipped
+    combined = combine_routings(resumed["rows"])
+    assert len(combined) == 2 and all(r["routings"] == 2 for r in combined)
+    m1 = [r["us"] for r in resumed["rows"] if r["M"] == 1]
+    assert combined[0]["us"] == pytest.approx((m1[0] * m1[1]) ** 0.5)
+
+
+def test_shape_groups_and_the_vllm_grid():
+    assert bench.shape_names(None) == measure.SHAPE_GROUPS["tuned"]
+    assert bench.shape_names(["untuned", "glm-4.5-air"]) == measure.SHAPE_GROUPS["untuned"]
+    assert len(bench.shape_names(["all"])) == len(measure.SHAPES) - 1  # not the smoke shape
+    grid = bench.token_counts("vllm-grid")
+    assert grid[:16] == list(range(1, 17)) and {24, 40, 48, 56, 256, 272, 512} <= set(grid)
+    assert max(grid) == 512 and len(grid) == len(set(grid))
+    assert bench.token_counts("1,3") == [1, 3]
