@@ -46,6 +46,7 @@ from .measure import (
     DEVICE,
     FP8_ERROR_BOUND,
     LAUNCHES,
+    OUT_DTYPE,
     REPLAYS,
     SHAPE_GROUPS,
     SHAPES,
@@ -119,7 +120,7 @@ def run_layer_case(variants, shape, quant, M, weights, gen, bandwidth) -> list[d
     code for every variant; the floor is both GEMMs' floors added."""
     block = BLOCK_SHAPE if quant == "block" else None
     ids, topk_weights = routing(M, shape, gen)
-    hidden = torch.randn(M, shape.hidden, generator=gen, device=DEVICE, dtype=torch.bfloat16)
+    hidden = torch.randn(M, shape.hidden, generator=gen, device=DEVICE, dtype=OUT_DTYPE)
     hit, remapped = torch.unique(ids.to(torch.int64), return_inverse=True)
     remapped = remapped.view(ids.shape).to(torch.int32)
     (w1_q, w1_s), (w2_q, w2_s) = weights["up"][0], weights["down"][0]

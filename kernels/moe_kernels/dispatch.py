@@ -6,7 +6,7 @@ entry nearest to M), else the tree's ``get_default_config``.  The tree's own
 ``get_config_file_name``, ``get_moe_configs`` and ``get_default_config`` are cut
 out of ``fused_moe.py`` with :mod:`ast` and executed against small stand-ins for
 ``vllm.envs``, ``current_platform`` and the logger (defaults: no batch-invariant
-mode, no user config folder, CUDA, this process's GPU name).
+mode, no user config folder, CUDA on Hopper, this process's GPU name).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from typing import Any
 from .loader import FUSED_MOE_REL
 
 _SELECTION_FUNCTIONS = ("get_config_file_name", "get_moe_configs", "get_default_config")
+# Lifted where the tree has it: the series' SPLIT_K offer for a default config.
+_OPTIONAL_FUNCTIONS = ("default_config_split_k",)
 
 
 class _QuietLogger:
@@ -42,16 +44,17 @@ def tree_selection(tree: str, gpu_name: str, config_folder: str | None) -> dict[
     path = Path(tree) / FUSED_MOE_REL
     source = path.read_text()
     module = ast.parse(source)
+    wanted = _SELECTION_FUNCTIONS + _OPTIONAL_FUNCTIONS
     found = {
         node.name: node
         for node in module.body
-        if isinstance(node, ast.FunctionDef) and node.name in _SELECTION_FUNCTIONS
+        if isinstance(node, ast.FunctionDef) and node.name in wanted
     }
     missing = [name for name in _SELECTION_FUNCTIONS if name not in found]
     if missing:
         raise LookupError(f"{path} has no {', '.join(missing)}")
     # Decorators (lru_cache) are dropped: ast.get_source_segment starts at "def".
-    code = "\n\n".join(ast.get_source_segment(source, found[n]) for n in _SELECTION_FUNCTIONS)
+    code = "\n\n".join(ast.get_source_segment(source, found[n]) for n in wanted if n in found)
     file_name = gpu_name.replace(" ", "_")
     namespace: dict[str, Any] = {
         "__file__": str(path),
@@ -63,6 +66,7 @@ def tree_selection(tree: str, gpu_name: str, config_folder: str | None) -> dict[
         "current_platform": SimpleNamespace(
             is_rocm=lambda: False,
             is_cuda=lambda: True,
+            is_device_capability=lambda capability: capability == 90,  # Hopper, as measured
             get_device_name=lambda *a: gpu_name,
         ),
         "get_device_name_as_file_name": lambda *a: file_name,
@@ -97,5 +101,7 @@ def config_for(
         nearest = min(configs, key=lambda m: abs(m - M))
         name = ns["get_config_file_name"](E, intermediate, dtype, block_shape)
         return dict(configs[nearest]), f"tuned:{name}[{nearest}]"
-    config = ns["get_default_config"](M, E, intermediate, hidden, topk, dtype, block_shape)
-    return dict(config), "default"
+    config = dict(ns["get_default_config"](M, E, intermediate, hidden, topk, dtype, block_shape))
+    if "default_config_split_k" in ns:  # as the tree's try_get_optimal_moe_config does
+        config["SPLIT_K"] = max(config.get("SPLIT_K", 1), ns["default_config_split_k"](dtype))
+    return config, "default"

@@ -113,6 +113,11 @@ def _stream_read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.conste
     tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
 
 
+# vLLM's output dtype; fp16 under Triton's interpreter, which has no bf16 atomic add (the
+# split-K path adds partial tiles atomically).
+OUT_DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16
+
+
 def sm_count(cpu_fallback: int) -> int:
     """The GPU's SM count; ``cpu_fallback`` under Triton's interpreter."""
     if DEVICE == "cuda":
@@ -266,7 +271,7 @@ def time_variant(
     sorted_ids, expert_ids, num_post = prepare_expert_assignment(
         case["ids"], config["BLOCK_SIZE_M"], shape.experts
     )
-    C = torch.empty(M, shape.topk, case["N"], dtype=torch.bfloat16, device=DEVICE)
+    C = torch.empty(M, shape.topk, case["N"], dtype=OUT_DTYPE, device=DEVICE)
 
     def launch(copy: int):
         w_q, w_scale = weights_q[copy]

@@ -176,8 +176,11 @@ def test_tune_times_peers_on_the_same_routings(release_trees, tmp_path, monkeypa
     for peer in result["peers"].values():
         assert peer["correct"] and peer["us"] == peer["up_us"] + peer["down_us"]
         assert peer["config_source"] == "default"
-    # the peers' default configs are this tree's own, so no candidate is added twice
-    assert result["tried"] == 2 and result["incorrect"] == 0
+    # tried: this tree's default (which offers split-K), the one candidate, and the peers'
+    # default, which both releases share (no split): each config once
+    assert result["tried"] == 3 and result["incorrect"] == 0
+    splits = sorted(t["config"].get("SPLIT_K", 1) for t in result["all"])
+    assert splits[-1] == 4 and splits[0] == 1
 
 
 def test_peer_configs_join_the_candidates_once():

@@ -265,3 +265,27 @@ def test_no_swap_override_in_tables_for_upstreams_launcher(release_trees):
         "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"
     ][0]
     assert "SWAP_AB" not in table["1"]
+
+
+@pytest.mark.parametrize("label", ["0.21.0", "0.33.0"])
+def test_a_shape_without_a_table_is_offered_split_k(release_trees, label):
+    """The series' default config offers SPLIT_K = 4 to FP8 MoE on Hopper where no table
+    exists (the launcher takes it only for grids smaller than the GPU); the release's own
+    default never splits, and a tuned entry keeps its own SPLIT_K."""
+    from moe_kernels.dispatch import config_for
+    from moe_kernels.measure import SHAPES
+
+    coder = SHAPES["qwen3-coder-480b-a35b-tp8"]  # no table ships for it
+    args = (1, coder.experts, coder.intermediate, coder.hidden, coder.topk)
+    for block in (None, [128, 128]):
+        config, source = config_for(release_trees(f"{label}+moe"), *args, block_shape=block)
+        assert source == "default" and config["SPLIT_K"] == 4
+        config, source = config_for(release_trees(label), *args, block_shape=block)
+        assert source == "default" and config.get("SPLIT_K", 1) == 1
+    config, _ = config_for(release_trees(f"{label}+moe"), *args, dtype=None)
+    assert config.get("SPLIT_K", 1) == 1  # not FP8: never split
+    qwen = SHAPES["qwen3-30b-a3b"]
+    config, source = config_for(
+        release_trees(f"{label}+moe"), 1, qwen.experts, qwen.intermediate, qwen.hidden, qwen.topk
+    )
+    assert source.startswith("tuned:") and config.get("SPLIT_K", 1) == 1

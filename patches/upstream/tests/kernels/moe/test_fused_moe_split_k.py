@@ -2,6 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """split_k_for: a tuned config's SPLIT_K splits fused_moe_kernel's K loop only for
 FP8 W8A8, and only while the GEMM's grid is smaller than the GPU.
+default_config_split_k: without a tuned table, FP8 MoE on Hopper offers the same split.
 pipeline_depth_for: a Swap-AB launch pipelines its K loop over no more stages
 than the loop has steps.
 
@@ -50,3 +51,36 @@ def test_pipeline_depth_counts_scale_blocks_and_keeps_two_stages():
     assert fused_moe.pipeline_depth_for(4, 768, 256, 1) == 3
     assert fused_moe.pipeline_depth_for(4, 768, 256, 1, [128, 128]) == 4
     assert fused_moe.pipeline_depth_for(3, 128, 128, 1) == 2
+
+
+def _hopper(monkeypatch: pytest.MonkeyPatch, capability: int = 90):
+    platform = fused_moe.current_platform
+    monkeypatch.setattr(platform, "is_cuda", lambda: True, raising=False)
+    monkeypatch.setattr(
+        platform, "is_device_capability", lambda c: c == capability, raising=False
+    )
+    monkeypatch.setattr(fused_moe.envs, "VLLM_BATCH_INVARIANT", False, raising=False)
+
+
+def test_a_model_without_a_table_may_split_k_on_hopper(monkeypatch: pytest.MonkeyPatch):
+    _hopper(monkeypatch)
+    assert fused_moe.default_config_split_k("fp8_w8a8") == 4
+    assert fused_moe.default_config_split_k(None) == 1
+    assert fused_moe.default_config_split_k("int8_w8a16") == 1
+    monkeypatch.setattr(fused_moe.envs, "VLLM_BATCH_INVARIANT", True)
+    assert fused_moe.default_config_split_k("fp8_w8a8") == 1
+
+
+def test_no_default_split_k_off_hopper(monkeypatch: pytest.MonkeyPatch):
+    _hopper(monkeypatch, capability=100)
+    assert fused_moe.default_config_split_k("fp8_w8a8") == 1
+
+
+def test_the_default_config_carries_the_split(monkeypatch: pytest.MonkeyPatch):
+    # Qwen3-Coder-480B at TP8 (160 experts, K = 6144, N = 320): no table ships.
+    _hopper(monkeypatch)
+    monkeypatch.setattr(fused_moe, "get_moe_configs", lambda *args: None)
+    config = fused_moe.try_get_optimal_moe_config(
+        (160, 640, 6144), (160, 6144, 320), 8, "fp8_w8a8", 1
+    )
+    assert config["SPLIT_K"] == 4
