@@ -231,7 +231,7 @@ def variants(
     head-to-head backends."""
     out = []
     for round_ in range(1, rounds + 1):
-        suffix = f"-r{round_}" if rounds > 1 else ""
+        suffix = f"-r{round_}" if round_ > 1 else ""  # so more rounds extend a result file
         for position, kind in enumerate(kinds):
             flip = (position + round_ - 1) % 2 == 1
             for wheel in reversed(wheels) if flip else wheels:

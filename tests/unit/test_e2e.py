@@ -331,6 +331,9 @@ def test_variants_alternate_the_wheel_order_and_add_head_to_heads():
         ("b", "patched", 2),
     ]
     assert two[4]["name"] == "m-a-patched-r2"
+    # Round 1 keeps the one-round names, so --rounds 2 --resume extends a one-round file.
+    one = run.variants("m", ["a", "b"], ["official", "patched"], [], rounds=1)
+    assert [v["name"] for v in two[:4]] == [v["name"] for v in one]
 
 
 def test_gpu_slots_split_the_gpus_by_tensor_parallel_size():
