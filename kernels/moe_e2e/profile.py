@@ -70,15 +70,17 @@ NAME_CHARS = 240  # enough to tell kernels apart (template arguments), short eno
 def breakdown(trace: dict, steps: int) -> dict:
     """GPU kernel time per kind (µs per step and share) and per kernel, from one trace."""
     per_kernel: dict[str, float] = {}
+    calls: dict[str, int] = {}
     for event in trace.get("traceEvents", []):
         if event.get("cat") != "kernel" or "dur" not in event:
             continue
         name = event.get("name", "")[:NAME_CHARS]
         per_kernel[name] = per_kernel.get(name, 0.0) + event["dur"]
+        calls[name] = calls.get(name, 0) + 1
     if not per_kernel:
         return {"steps": steps, "error": "no GPU kernels in the trace"}
     kernels = [
-        {"name": name, "us_per_step": us / steps}
+        {"name": name, "us_per_step": us / steps, "calls_per_step": calls[name] / steps}
         for name, us in sorted(per_kernel.items(), key=lambda item: -item[1])
     ]
     return {"steps": steps, **by_kind(kernels), "kernels": kernels}

@@ -637,10 +637,10 @@ def test_profile_sorts_kernels_into_the_kinds_of_a_decode_step():
         "kind": "moe_gemm",
         "us_per_step": 20.0,
     }
-    assert [k["name"] for k in out["kernels"]] == [
-        "fused_moe_kernel",
-        "void flash::flash_fwd_kernel",
-        "triton_poi_fused_mul_0",
+    assert [(k["name"], k["calls_per_step"]) for k in out["kernels"]] == [
+        ("fused_moe_kernel", 1.0),
+        ("void flash::flash_fwd_kernel", 0.5),
+        ("triton_poi_fused_mul_0", 0.5),
     ]
 
 
