@@ -357,6 +357,11 @@ def main(argv: list[str] | None = None) -> int:
         "--with-flashinfer",
     )
     args = parser.parse_args(argv)
+    for library in args.flashinfer_aot:
+        if not library.is_file():
+            parser.error(
+                f"--flashinfer-aot {library}: no such file (python -m moe_e2e.flashinfer_aot)"
+            )
     summary = build(
         args.vllm,
         args.out,

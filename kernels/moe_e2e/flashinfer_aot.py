@@ -100,12 +100,11 @@ def prepare(work: Path, flashinfer: str, tvm_ffi: str) -> dict:
     stub = cuda / "stubs" / "libcuda.so"
     if not stub.exists():
         stub.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["cc", "-shared", "-Wl,-soname,libcuda.so.1", "-o", str(stub), "-x", "c", "-"],
-            input="",
-            text=True,
-            check=True,
-        )
+        command = ["cc", "-shared", "-Wl,-soname,libcuda.so.1", "-o", str(stub), "-x", "c", "-"]
+        try:
+            subprocess.run(command, input="", text=True, check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError) as error:
+            raise BuildError(f"cannot build a stand-in libcuda.so with cc: {error}") from None
     return {
         "site": site,
         "include": toolkit / "include",

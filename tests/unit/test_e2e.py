@@ -847,3 +847,10 @@ def test_flashinfer_aot_needs_a_cuda_13_nvcc(monkeypatch, tmp_path, capsys):
     assert flashinfer_aot.main(["--out", str(tmp_path / "out")]) == 1
     assert "nvcc 12.8" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_bundle_refuses_a_missing_prebuilt_library(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bundle.main(["--out", str(tmp_path / "b"), "--flashinfer-aot", str(tmp_path / "no.so")])
+    assert exit_.value.code == 2 and "no.so: no such file" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
