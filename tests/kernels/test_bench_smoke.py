@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from moe_kernels import bench, measure
 from moe_kernels.dispatch import config_for
 from moe_kernels.report import bench_markdown, combine_routings, fixed_cost_section
@@ -291,3 +292,27 @@ def test_shape_groups_and_the_vllm_grid():
     assert grid[:16] == list(range(1, 17)) and {24, 40, 48, 56, 256, 272, 512} <= set(grid)
     assert max(grid) == 512 and len(grid) == len(set(grid))
     assert bench.token_counts("1,3") == [1, 3]
+
+
+def test_topk_sum_study_checks_both_sums(tmp_path, monkeypatch):
+    from studies import topk_sum
+
+    monkeypatch.setattr(topk_sum, "TOP8_SHAPES", ("tiny-smoke-test",))
+    monkeypatch.setattr(topk_sum, "TOKENS", (3,))
+    monkeypatch.setattr(topk_sum, "BLOCK_HIDDEN", 128)  # two blocks of the 256-wide hidden
+    out = tmp_path / "topk-sum.json"
+    assert topk_sum.main(["--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["M"], row["top_k"], row["hidden"]) == (3, 2, 256)
+    assert row["triton_rel_error"] < 1e-2 and row["torch_rel_error"] < 1e-2
+    assert row["triton_us"] > 0 and row["floor_us"] > 0
+
+
+def test_topk_sum_kernel_adds_every_expert_row():
+    from studies.topk_sum import topk_sum
+
+    gen = torch.Generator(device=measure.DEVICE).manual_seed(3)
+    x = torch.randn(5, 8, 300, generator=gen, device=measure.DEVICE).to(measure.OUT_DTYPE)
+    out = torch.full((5, 300), float("nan"), dtype=x.dtype, device=measure.DEVICE)
+    topk_sum(x, out)  # 300 of a 1024-wide block: the mask keeps the rest out
+    assert torch.allclose(out.double(), x.double().sum(dim=1), rtol=1e-2, atol=1e-2)
