@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             earlier = json.loads(args.out.read_text())
         except ValueError as error:
             parser.error(f"cannot resume from {args.out}: {error}")
-        trees = dict(spec.partition("=")[::2] for spec in args.tree)
+        trees = {label: str(Path(path)) for label, _, path in (t.partition("=") for t in args.tree)}
         seed = earlier.get("method", {}).get("seed")
         if earlier.get("variants") != trees or args.seed not in (None, seed):
             parser.error(f"cannot resume {args.out}: other trees or seed; give another --out")
