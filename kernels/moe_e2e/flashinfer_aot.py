@@ -190,9 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--index-url", default=None, help="package index (default: pip's)")
     args = parser.parse_args(argv)
+    from moe_patch.errors import MoePatchError
+
     try:
         summary = build(args.vllm, args.out, args.work, args.jobs, args.index_url)
-    except BuildError as error:
+    except (BuildError, MoePatchError) as error:  # moe-patch's: the release or its wheel
         print(f"moe_e2e.flashinfer_aot: {error}", file=sys.stderr)
         return 1
     print(
