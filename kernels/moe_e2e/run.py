@@ -444,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"unknown model {', '.join(unknown)}: choose from {', '.join(sorted(models.MODELS))}"
         )
+    engine_env = dict(ROUTINGS[args.routing])  # what every engine of this run gets
+    if args.share_deepgemm_cache:
+        engine_env["DG_JIT_CACHE_DIR"] = str(args.staged / "deep_gemm-cache")
     deadline = None if args.start_before is None else time.monotonic() + args.start_before
     failed = left = False
     for model in names:
@@ -458,11 +461,7 @@ def main(argv: list[str] | None = None) -> int:
             model, args.kinds.split(","), args.wheels.split(","), args.head_to_head, args.rounds
         )
         for variant in todo:
-            if args.share_deepgemm_cache:
-                variant.setdefault("env", {})["DG_JIT_CACHE_DIR"] = str(
-                    args.staged / "deep_gemm-cache"
-                )
-            variant.setdefault("env", {}).update(ROUTINGS[args.routing])
+            variant["env"] = {**variant.get("env", {}), **engine_env}
         outcome = run_model(report, todo, staged, spec, out, args.timeout, slots, deadline)
         failed |= outcome == "failed"
         left |= outcome == "left"
