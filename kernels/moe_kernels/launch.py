@@ -68,15 +68,26 @@ def token_rows_launched(rows: int, top_k: int, block_m: int, sorted_len: int | N
     return sorted_len
 
 
-def patched_split_k(use_fp8_w8a8: bool, split_k: int, programs: int, sm_count: int | None) -> int:
+# The swap-ab patch's SPLIT_K_MIN_SLICE_STEPS.
+SPLIT_K_MIN_SLICE_STEPS = 8
+
+
+def patched_split_k(
+    use_fp8_w8a8: bool, split_k: int, programs: int, k_steps: int, sm_count: int | None
+) -> int:
     """The swap-ab patch's ``split_k_for`` rule: a config's SPLIT_K (FP8 only) is
-    honoured while the grid has fewer programs than the GPU has SMs.  Without
-    CUDA (``sm_count`` None: the interpreter) it is always honoured."""
+    honoured while the grid has fewer programs than the GPU has SMs, or fewer than
+    one and a half times as many with at least ``SPLIT_K_MIN_SLICE_STEPS`` K steps per
+    slice.  Without CUDA (``sm_count`` None: the interpreter) it is always honoured.
+    On a GPU the launcher runs the tree's own rule instead (``LoadedKernel.split_k_rule``);
+    this copy serves trees without one and the tests that compare the two."""
     if not use_fp8_w8a8 or split_k <= 1:
         return 1
-    if sm_count is not None and programs >= sm_count:
-        return 1
-    return split_k
+    if sm_count is None or programs < sm_count:
+        return split_k
+    if 2 * programs < 3 * sm_count and k_steps >= SPLIT_K_MIN_SLICE_STEPS * split_k:
+        return split_k
+    return 1
 
 
 def patched_pipeline_depth(num_stages: int, k: int, block_k: int, split_k: int) -> int:
@@ -166,10 +177,14 @@ def invoke_fused_moe_kernel(
     split_k = int(cfg.pop("SPLIT_K", 1))
     if split_k > 1 and not loaded.has_split_k:
         raise ValueError(f"the kernel in {loaded.tree} does not implement SPLIT_K > 1")
+    k_steps = _cdiv(B.size(2), block_k)  # the config's K tile, as the patch's launcher counts
     sm_count = (
         torch.cuda.get_device_properties(A.device).multi_processor_count if A.is_cuda else None
     )
-    split_k = patched_split_k(use_fp8_w8a8, split_k, programs, sm_count)
+    if sm_count is not None and loaded.split_k_rule is not None:
+        split_k = loaded.split_k_rule(use_fp8_w8a8, split_k, programs, k_steps, A.device)
+    else:
+        split_k = patched_split_k(use_fp8_w8a8, split_k, programs, k_steps, sm_count)
     if split_k > 1:
         C.zero_()  # the K slices add their partial tiles atomically
     grid = (programs, split_k)

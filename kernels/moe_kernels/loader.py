@@ -41,6 +41,16 @@ class KernelLoadError(RuntimeError):
     """The kernel could not be extracted from the tree."""
 
 
+class _SmCountPlatform:
+    """Stands in for vLLM's ``current_platform`` in a lifted launcher rule."""
+
+    @staticmethod
+    def num_compute_units(device_index: int = 0) -> int:
+        import torch
+
+        return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 @dataclass(frozen=True)
 class LoadedKernel:
     """A ``fused_moe_kernel`` loaded from one vLLM tree."""
@@ -82,6 +92,34 @@ class LoadedKernel:
         """Whether the tree's launcher caps a Swap-AB launch's ``num_stages`` at its
         K loop's length (moe-patch's ``pipeline_depth_for``)."""
         return "\ndef pipeline_depth_for(" in self.source_path.read_text()
+
+    @functools.cached_property
+    def split_k_rule(self) -> Any:
+        """The tree launcher's own ``split_k_for(use_fp8_w8a8, split_k, num_programs,
+        k_steps, device)``, lifted out of its source with the module's constants and run
+        against the GPU's real SM count, so launches here split exactly where the tree's
+        would (None: the tree has none)."""
+        source = self.source_path.read_text()
+        body = ast.parse(source).body
+        found = [n for n in body if isinstance(n, ast.FunctionDef) and n.name == "split_k_for"]
+        if not found:
+            return None
+        constants = [
+            n
+            for n in body
+            if isinstance(n, ast.Assign)
+            and isinstance(n.value, ast.Constant)
+            and all(isinstance(t, ast.Name) and t.id.isupper() for t in n.targets)
+        ]
+        import torch
+
+        namespace: dict[str, Any] = {
+            "torch": torch,
+            "current_platform": _SmCountPlatform(),
+        }
+        code = "\n".join(ast.get_source_segment(source, n) for n in (*constants, found[0]))
+        exec(compile(code, str(self.source_path), "exec"), namespace)
+        return namespace["split_k_for"]
 
     def runtime_non_specialized(self) -> dict[str, tuple[str, ...]]:
         """Parameter names Triton itself treats as ``do_not_specialize`` /

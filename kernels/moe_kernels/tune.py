@@ -50,7 +50,7 @@ from triton.runtime.errors import OutOfResources
 
 from .align import max_num_tokens_padded, use_naive_block_assignment
 from .configs import as_launch, load_results
-from .launch import token_rows_launched
+from .launch import patched_split_k, token_rows_launched
 from .loader import load_fused_moe_kernel
 from .measure import (
     DEVICE,
@@ -88,7 +88,7 @@ WIDE_STAGES = (2, 3, 4)
 WIDE_TILES_N = ((64, 4), (128, 4), (128, 8), (256, 8))
 
 
-def _programs(shape, gemm: str, M: int, block_m: int, block_n: int) -> int:
+def launch_programs(shape, gemm: str, M: int, block_m: int, block_n: int) -> int:
     """Programs vLLM's launcher starts for one GEMM of the layer at M tokens."""
     rows = M if gemm == "up" else M * shape.topk
     top_k = shape.topk if gemm == "up" else 1
@@ -98,12 +98,24 @@ def _programs(shape, gemm: str, M: int, block_m: int, block_n: int) -> int:
     return -(-em // block_m) * -(-gemm_dims(shape, gemm)[0] // block_n)
 
 
-def splits_anywhere(shape, M: int, block_m: int, block_n: int) -> bool:
-    """Whether the launcher splits K for either GEMM of the layer with this tile: only
-    a grid with fewer programs than the GPU has SMs is split.  Elsewhere a SPLIT_K
-    candidate would time the same launches as its unsplit twin."""
-    return min(_programs(shape, g, M, block_m, block_n) for g in GEMMS) < sm_count(
-        SM_COUNT_FALLBACK
+def splits_anywhere(shape, M: int, config: dict) -> bool:
+    """Whether the launcher splits K for either GEMM of the layer with this config (the
+    swap-ab patch's rule: a small or unevenly loaded grid, the latter only with a long K
+    loop).  Elsewhere a SPLIT_K candidate would time the same launches as its unsplit
+    twin."""
+    sms = sm_count(SM_COUNT_FALLBACK)
+    block_m, block_n = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]
+    block_k = config["BLOCK_SIZE_K"]  # block scales clamp it to 128: candidates use 128
+    return any(
+        patched_split_k(
+            True,
+            config.get("SPLIT_K", 1),
+            launch_programs(shape, g, M, block_m, block_n),
+            -(-gemm_dims(shape, g)[1] // block_k),
+            sms,
+        )
+        > 1
+        for g in GEMMS
     )
 
 
@@ -125,20 +137,18 @@ def candidates(quant: str, M: int, shape) -> list[dict]:
     for block_m, block_n, block_k, stages, split_k in itertools.product(
         token_tiles(M), TILE_N, block_ks, STAGES, SPLITS
     ):
-        if split_k > 1 and not splits_anywhere(shape, M, block_m, block_n):
-            continue
-        out.append(
-            {
-                "BLOCK_SIZE_M": block_m,
-                "BLOCK_SIZE_N": block_n,
-                "BLOCK_SIZE_K": block_k,
-                "GROUP_SIZE_M": 1,
-                "SPLIT_K": split_k,
-                "num_warps": 4,
-                "num_stages": stages,
-                "SWAP_AB": True,
-            }
-        )
+        config = {
+            "BLOCK_SIZE_M": block_m,
+            "BLOCK_SIZE_N": block_n,
+            "BLOCK_SIZE_K": block_k,
+            "GROUP_SIZE_M": 1,
+            "SPLIT_K": split_k,
+            "num_warps": 4,
+            "num_stages": stages,
+            "SWAP_AB": True,
+        }
+        if split_k == 1 or splits_anywhere(shape, M, config):
+            out.append(config)
     return out
 
 
@@ -191,12 +201,7 @@ def seeded_candidates(
         for config in list(out.values()):
             for neighbour in widened(config, quant):
                 out.setdefault(_config_key(neighbour), neighbour)
-    return [
-        c
-        for c in out.values()
-        if c.get("SPLIT_K", 1) == 1
-        or splits_anywhere(shape, M, c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"])
-    ]
+    return [c for c in out.values() if c.get("SPLIT_K", 1) == 1 or splits_anywhere(shape, M, c)]
 
 
 def with_peer_configs(pool: list[dict], peer_timings, own: dict) -> list[dict]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import itertools
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -204,14 +205,28 @@ def _patch_function(tree: Path, name: str, namespace: dict):
 
 
 def _patch_split_k_for(tree: Path, sm_count: int):
+    source = (tree / FUSED_MOE_REL).read_text()
+    steps = re.search(r"^SPLIT_K_MIN_SLICE_STEPS = (\d+)$", source, re.M)
+    assert steps, f"{tree} has no SPLIT_K_MIN_SLICE_STEPS"
     return _patch_function(
         tree,
         "split_k_for",
         {
             "torch": SimpleNamespace(device=object),
             "current_platform": SimpleNamespace(num_compute_units=lambda device_id=0: sm_count),
+            "SPLIT_K_MIN_SLICE_STEPS": int(steps.group(1)),
         },
     )
+
+
+# Launch grids around the rule's edges (fewer programs than SMs; up to one and a half
+# times as many; more) and K loops of 3 to 56 steps (MiniMax-M2's second GEMM at TP4 to
+# DeepSeek-V3's first).
+def _grids(sm_count: int) -> tuple[int, ...]:
+    return (1, 64, sm_count - 1, sm_count, sm_count * 3 // 2 - 1, sm_count * 3 // 2, 896)
+
+
+K_STEPS = (3, 8, 31, 32, 56)
 
 
 @pytest.mark.parametrize("sm_count", [78, 132])
@@ -221,11 +236,36 @@ def test_harness_split_rule_is_the_patchs(release_trees, label, sm_count):
     device = SimpleNamespace(index=0)
     for fp8 in (False, True):
         for split_k in (1, 2, 4):
-            for programs in (1, 64, sm_count - 1, sm_count, 896):
-                want = split_k_for(fp8, split_k, programs, device)
-                assert patched_split_k(fp8, split_k, programs, sm_count) == want
-    assert split_k_for(True, 4, sm_count - 1, device) == 4
-    assert split_k_for(True, 4, sm_count, device) == 1
+            for programs in _grids(sm_count):
+                for k_steps in K_STEPS:
+                    want = split_k_for(fp8, split_k, programs, k_steps, device)
+                    assert patched_split_k(fp8, split_k, programs, k_steps, sm_count) == want
+    assert split_k_for(True, 4, sm_count - 1, 3, device) == 4
+    assert split_k_for(True, 4, sm_count, 56, device) == 4
+    assert split_k_for(True, 4, sm_count, 3, device) == 1
+    assert split_k_for(True, 4, sm_count * 3 // 2, 56, device) == 1
+
+
+@pytest.mark.parametrize("label", ["0.21.0", "0.21.0+moe", "0.33.0", "0.33.0+moe"])
+def test_launches_split_by_the_trees_own_rule(release_trees, label, monkeypatch):
+    """On a GPU the harness runs the tree's own split_k_for (lifted), so a tree with
+    another rule is measured with that rule; release trees have none."""
+    from moe_kernels import loader
+
+    loaded = loader.load_fused_moe_kernel(release_trees(label))
+    if "+" not in label:
+        assert loaded.split_k_rule is None
+        return
+    monkeypatch.setattr(
+        loader._SmCountPlatform, "num_compute_units", staticmethod(lambda index=0: 132)
+    )
+    device = SimpleNamespace(index=0)
+    for programs in _grids(132):
+        for split_k in (1, 4):
+            for k_steps in K_STEPS:
+                want = patched_split_k(True, split_k, programs, k_steps, 132)
+                assert loaded.split_k_rule(True, split_k, programs, k_steps, device) == want
+    assert loaded.split_k_rule(False, 4, 1, 56, device) == 1
 
 
 @pytest.mark.parametrize("label", ["0.21.0+moe", "0.33.0+moe"])

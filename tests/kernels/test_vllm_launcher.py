@@ -14,6 +14,7 @@ interpreter has no bf16 atomics); on CUDA with bf16.
 from __future__ import annotations
 
 import ast
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -91,6 +92,11 @@ def _launcher(tree, sm_count: int, sm90: bool):
         "set_triton_allocator": lambda device: None,
         "logger": SimpleNamespace(warning_once=lambda *args, **kwargs: None),
     }  # fmt: skip
+    steps = re.search(
+        r"^SPLIT_K_MIN_SLICE_STEPS = (\d+)$", (tree / FUSED_MOE_REL).read_text(), re.M
+    )
+    assert steps, f"{tree} has no SPLIT_K_MIN_SLICE_STEPS"
+    namespace["SPLIT_K_MIN_SLICE_STEPS"] = int(steps.group(1))
     code = "\n\n".join(found.values())
     exec(compile(code, str(tree / FUSED_MOE_REL), "exec"), namespace)
     return namespace["invoke_fused_moe_triton_kernel"], kernel

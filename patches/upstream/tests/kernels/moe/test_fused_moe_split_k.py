@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""split_k_for: a tuned config's SPLIT_K splits fused_moe_kernel's K loop only for
-FP8 W8A8, and only while the GEMM's grid is smaller than the GPU.
+"""split_k_for: a config's SPLIT_K splits fused_moe_kernel's K loop only for FP8
+W8A8, and only while the GEMM's grid is smaller than the GPU, or up to half as large
+again with a K loop long enough for every slice.
 default_config_split_k: without a tuned table, FP8 MoE on Hopper offers the same split.
 pipeline_depth_for: a Swap-AB launch pipelines its K loop over no more stages
 than the loop has steps.
@@ -28,16 +29,32 @@ def _sm_count(monkeypatch: pytest.MonkeyPatch):
     )
 
 
+# K steps of a long loop (DeepSeek-V3's first GEMM: K = 7168, 56 steps of 128) and
+# of a short one (MiniMax-M2's second GEMM at TP4: K = 384, 3 steps).
+LONG_K, SHORT_K = 56, 3
+
+
 @pytest.mark.parametrize("split_k", [2, 4])
-def test_split_k_while_the_grid_is_smaller_than_the_gpu(split_k: int):
-    assert fused_moe.split_k_for(True, split_k, SM_COUNT - 1, DEVICE) == split_k
-    assert fused_moe.split_k_for(True, split_k, SM_COUNT, DEVICE) == 1
+@pytest.mark.parametrize("k_steps", [SHORT_K, LONG_K])
+def test_split_k_while_the_grid_is_smaller_than_the_gpu(split_k: int, k_steps: int):
+    assert fused_moe.split_k_for(True, split_k, SM_COUNT - 1, k_steps, DEVICE) == split_k
+    assert fused_moe.split_k_for(True, split_k, 2 * SM_COUNT, k_steps, DEVICE) == 1
+
+
+def test_an_unevenly_loaded_grid_splits_only_a_long_k_loop():
+    uneven = SM_COUNT + SM_COUNT // 2 - 1  # a third of the SMs run two programs
+    assert fused_moe.split_k_for(True, 4, uneven, LONG_K, DEVICE) == 4
+    assert fused_moe.split_k_for(True, 4, uneven, SHORT_K, DEVICE) == 1
+    steps = fused_moe.SPLIT_K_MIN_SLICE_STEPS * 4
+    assert fused_moe.split_k_for(True, 4, SM_COUNT, steps, DEVICE) == 4
+    assert fused_moe.split_k_for(True, 4, SM_COUNT, steps - 1, DEVICE) == 1
+    assert fused_moe.split_k_for(True, 4, SM_COUNT * 3 // 2, LONG_K, DEVICE) == 1
 
 
 @pytest.mark.parametrize("programs", [1, SM_COUNT - 1])
 def test_no_split_k_without_fp8_or_without_asking(programs: int):
-    assert fused_moe.split_k_for(False, 4, programs, DEVICE) == 1
-    assert fused_moe.split_k_for(True, 1, programs, DEVICE) == 1
+    assert fused_moe.split_k_for(False, 4, programs, LONG_K, DEVICE) == 1
+    assert fused_moe.split_k_for(True, 1, programs, LONG_K, DEVICE) == 1
 
 
 def test_pipeline_no_deeper_than_the_k_loop():
