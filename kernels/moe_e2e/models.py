@@ -88,6 +88,19 @@ MODELS: dict[str, dict] = {
     },
 }
 
+# Mixtral-8x22B-Instruct-v0.1: the model for tensor parallelism (141 B parameters, about 141 GB
+# in FP8: two H200s at TP 2; its TP-4 shard is the harness's mixtral-8x22b-tp4 shape).
+MODELS["mixtral-8x22b"] = {
+    **MODELS["mixtral-8x7b"],
+    "hidden_size": 6144,
+    "intermediate_size": 16384,
+    "max_position_embeddings": 65536,
+    "num_attention_heads": 48,
+    "num_hidden_layers": 56,
+    "router_aux_loss_coef": 0.001,
+    "vocab_size": 32768,
+}
+
 # A two-layer Qwen3-MoE small enough to start in seconds: the GPU test's model, not a benchmark.
 MODELS["tiny-qwen3-moe"] = {
     **MODELS["qwen3-30b-a3b"],

@@ -96,6 +96,32 @@ def patched_pipeline_depth(num_stages: int, k: int, block_k: int, split_k: int) 
     return min(num_stages, max(2, _cdiv(_cdiv(k, block_k), split_k)))
 
 
+# The swap-ab patch's SM90 shared-memory budget (resident_depth_for).
+SM90_SHARED_MEMORY_PER_SM = 228 * 1024
+SHARED_MEMORY_RESERVED_PER_PROGRAM = 1024
+MIN_RESIDENT_STAGES = 3
+
+
+def patched_resident_depth(num_stages: int, programs: int, stage_bytes: int, sm_count: int) -> int:
+    """The swap-ab patch's ``resident_depth_for`` rule: a Swap-AB launch whose grid does
+    not fit on the GPU at once drops pipeline stages (never below ``MIN_RESIDENT_STAGES``)
+    where fewer make every program resident.  On a GPU the launcher runs the tree's own
+    rule (``LoadedKernel.resident_depth_rule``); this copy serves the tests that compare."""
+
+    def resident(stages: int) -> bool:
+        per_sm = SM90_SHARED_MEMORY_PER_SM // (
+            stages * stage_bytes + SHARED_MEMORY_RESERVED_PER_PROGRAM
+        )
+        return programs <= per_sm * sm_count
+
+    if resident(num_stages):
+        return num_stages
+    for stages in range(num_stages - 1, MIN_RESIDENT_STAGES - 1, -1):
+        if resident(stages):
+            return stages
+    return num_stages
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -253,6 +279,12 @@ def invoke_fused_moe_kernel(
     if values.get("SWAP_AB") and loaded.caps_pipeline_depth and "num_stages" in launch_opts:
         launch_opts["num_stages"] = patched_pipeline_depth(
             launch_opts["num_stages"], B.size(2), block_k, split_k
+        )
+    rule = loaded.resident_depth_rule if sm_count is not None else None
+    if values.get("SWAP_AB") and rule is not None and "num_stages" in launch_opts:
+        stage_bytes = (block_m + block_n) * block_k * B.element_size()
+        launch_opts["num_stages"] = rule(
+            launch_opts["num_stages"], programs * split_k, stage_bytes, A.device
         )
     if "USE_TD" in params:
         if use_td is not None:

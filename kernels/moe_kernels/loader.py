@@ -41,6 +41,29 @@ class KernelLoadError(RuntimeError):
     """The kernel could not be extracted from the tree."""
 
 
+def tree_constants(source: str) -> dict[str, Any]:
+    """The module-level constants of a vLLM source file (``NAME = <number expression>``,
+    upper-case names only), evaluated: what a lifted launcher rule reads besides its
+    arguments."""
+    allowed = (ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop)
+    constants: dict[str, Any] = {}
+    for node in ast.parse(source).body:
+        if not (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id.isupper()
+            and all(isinstance(n, allowed) for n in ast.walk(node.value))
+        ):
+            continue
+        value = eval(
+            compile(ast.Expression(node.value), "<constant>", "eval"), {"__builtins__": {}}
+        )
+        if isinstance(value, (int, float)):
+            constants[node.targets[0].id] = value
+    return constants
+
+
 class _SmCountPlatform:
     """Stands in for vLLM's ``current_platform`` in a lifted launcher rule."""
 
@@ -99,27 +122,36 @@ class LoadedKernel:
         k_steps, device)``, lifted out of its source with the module's constants and run
         against the GPU's real SM count, so launches here split exactly where the tree's
         would (None: the tree has none)."""
+        return self._launcher_rule("split_k_for")
+
+    @functools.cached_property
+    def resident_depth_rule(self) -> Any:
+        """The tree launcher's own ``resident_depth_for(num_stages, num_programs,
+        stage_bytes, device)`` (moe-patch's: fewer pipeline stages where that makes a
+        Swap-AB grid resident at once), lifted likewise (None: the tree has none)."""
+        return self._launcher_rule("resident_depth_for")
+
+    def _launcher_rule(self, name: str) -> Any:
         source = self.source_path.read_text()
-        body = ast.parse(source).body
-        found = [n for n in body if isinstance(n, ast.FunctionDef) and n.name == "split_k_for"]
+        found = [
+            n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name
+        ]
         if not found:
             return None
-        constants = [
-            n
-            for n in body
-            if isinstance(n, ast.Assign)
-            and isinstance(n.value, ast.Constant)
-            and all(isinstance(t, ast.Name) and t.id.isupper() for t in n.targets)
-        ]
         import torch
+        import triton
 
         namespace: dict[str, Any] = {
             "torch": torch,
+            "triton": triton,
             "current_platform": _SmCountPlatform(),
+            **tree_constants(source),
         }
-        code = "\n".join(ast.get_source_segment(source, n) for n in (*constants, found[0]))
-        exec(compile(code, str(self.source_path), "exec"), namespace)
-        return namespace["split_k_for"]
+        exec(
+            compile(ast.get_source_segment(source, found[0]), str(self.source_path), "exec"),
+            namespace,
+        )
+        return namespace[name]
 
     def runtime_non_specialized(self) -> dict[str, tuple[str, ...]]:
         """Parameter names Triton itself treats as ``do_not_specialize`` /

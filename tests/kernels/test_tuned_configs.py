@@ -18,15 +18,14 @@ from __future__ import annotations
 import ast
 import itertools
 import json
-import re
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import triton
 from moe_kernels import configs, load_fused_moe_kernel
-from moe_kernels.launch import patched_pipeline_depth, patched_split_k
-from moe_kernels.loader import FUSED_MOE_REL
+from moe_kernels.launch import patched_pipeline_depth, patched_resident_depth, patched_split_k
+from moe_kernels.loader import FUSED_MOE_REL, tree_constants
 
 RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results" / "provenance"
 CONFIGS_REL = FUSED_MOE_REL.parent / "configs"
@@ -206,15 +205,14 @@ def _patch_function(tree: Path, name: str, namespace: dict):
 
 def _patch_split_k_for(tree: Path, sm_count: int):
     source = (tree / FUSED_MOE_REL).read_text()
-    steps = re.search(r"^SPLIT_K_MIN_SLICE_STEPS = (\d+)$", source, re.M)
-    assert steps, f"{tree} has no SPLIT_K_MIN_SLICE_STEPS"
+    assert "SPLIT_K_MIN_SLICE_STEPS" in tree_constants(source), f"{tree} lacks the constant"
     return _patch_function(
         tree,
         "split_k_for",
         {
             "torch": SimpleNamespace(device=object),
             "current_platform": SimpleNamespace(num_compute_units=lambda device_id=0: sm_count),
-            "SPLIT_K_MIN_SLICE_STEPS": int(steps.group(1)),
+            **tree_constants(source),
         },
     )
 
@@ -246,26 +244,54 @@ def test_harness_split_rule_is_the_patchs(release_trees, label, sm_count):
     assert split_k_for(True, 4, sm_count * 3 // 2, 56, device) == 1
 
 
+def _lifted_rules(release_trees, label, monkeypatch):
+    """The harness's kernel of ``label`` with its lifted launcher rules seeing 132 SMs."""
+    from moe_kernels import loader
+
+    monkeypatch.setattr(
+        loader._SmCountPlatform, "num_compute_units", staticmethod(lambda index=0: 132)
+    )
+    return loader.load_fused_moe_kernel(release_trees(label)), SimpleNamespace(index=0)
+
+
 @pytest.mark.parametrize("label", ["0.21.0", "0.21.0+moe", "0.33.0", "0.33.0+moe"])
 def test_launches_split_by_the_trees_own_rule(release_trees, label, monkeypatch):
     """On a GPU the harness runs the tree's own split_k_for (lifted), so a tree with
     another rule is measured with that rule; release trees have none."""
-    from moe_kernels import loader
-
-    loaded = loader.load_fused_moe_kernel(release_trees(label))
+    loaded, device = _lifted_rules(release_trees, label, monkeypatch)
     if "+" not in label:
         assert loaded.split_k_rule is None
         return
-    monkeypatch.setattr(
-        loader._SmCountPlatform, "num_compute_units", staticmethod(lambda index=0: 132)
-    )
-    device = SimpleNamespace(index=0)
     for programs in _grids(132):
         for split_k in (1, 4):
             for k_steps in K_STEPS:
                 want = patched_split_k(True, split_k, programs, k_steps, 132)
                 assert loaded.split_k_rule(True, split_k, programs, k_steps, device) == want
     assert loaded.split_k_rule(False, 4, 1, 56, device) == 1
+
+
+# Stage bytes of 16- and 8-token tiles against 64- and 128-wide weight tiles, K tiles of
+# 128 and 256 (FP8: one byte per element), and grids around what an SM holds.
+STAGE_BYTES = ((16 + 64) * 128, (16 + 128) * 128, (8 + 64) * 256, (16 + 64) * 256)
+
+
+@pytest.mark.parametrize("label", ["0.21.0", "0.21.0+moe", "0.33.0", "0.33.0+moe"])
+def test_harness_resident_rule_is_the_patchs(release_trees, label, monkeypatch):
+    loaded, device = _lifted_rules(release_trees, label, monkeypatch)
+    if "+" not in label:
+        assert loaded.resident_depth_rule is None
+        return
+    rule = loaded.resident_depth_rule
+    for stages in (2, 3, 4, 5):
+        for stage_bytes in STAGE_BYTES:
+            for programs in (1, 132, 660, 661, 704, 924, 925, 2000, 30000):
+                want = rule(stages, programs, stage_bytes, device)
+                assert patched_resident_depth(stages, programs, stage_bytes, 132) == want
+    # GLM-4.5-Air's first GEMM at M = 2: 704 programs, four stages of 10 KB hold 660
+    assert rule(4, 704, (16 + 64) * 128, device) == 3
+    assert rule(4, 660, (16 + 64) * 128, device) == 4
+    assert rule(4, 30000, (16 + 64) * 128, device) == 4  # several rounds either way
+    assert rule(3, 30000, (16 + 64) * 128, device) == 3
 
 
 @pytest.mark.parametrize("label", ["0.21.0+moe", "0.33.0+moe"])

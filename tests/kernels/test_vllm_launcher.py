@@ -14,7 +14,6 @@ interpreter has no bf16 atomics); on CUDA with bf16.
 from __future__ import annotations
 
 import ast
-import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,12 +24,17 @@ import triton.language as tl
 from moe_kernels import interpreter_compat, load_fused_moe_kernel, quantize_weights
 from moe_kernels.align import prepare_expert_assignment
 from moe_kernels.launch import compute_type_for
-from moe_kernels.loader import FUSED_MOE_REL
+from moe_kernels.loader import FUSED_MOE_REL, tree_constants
 from moe_kernels.quant import quantize_activations
 from moe_kernels.reference import ref_fp8_moe_gemm
 from moe_testdata import assert_gemm_matches, make_activations, make_routing, make_weights
 
-LAUNCHER_FUNCTIONS = ("split_k_for", "pipeline_depth_for", "invoke_fused_moe_triton_kernel")
+LAUNCHER_FUNCTIONS = (
+    "split_k_for",
+    "pipeline_depth_for",
+    "resident_depth_for",
+    "invoke_fused_moe_triton_kernel",
+)
 UTILS_REL = FUSED_MOE_REL.parent / "utils.py"
 PATCHED_TREES = ("0.21.0+moe", "0.33.0+moe")
 E, K, N, M, TOPK = 8, 256, 192, 3, 2
@@ -92,11 +96,7 @@ def _launcher(tree, sm_count: int, sm90: bool):
         "set_triton_allocator": lambda device: None,
         "logger": SimpleNamespace(warning_once=lambda *args, **kwargs: None),
     }  # fmt: skip
-    steps = re.search(
-        r"^SPLIT_K_MIN_SLICE_STEPS = (\d+)$", (tree / FUSED_MOE_REL).read_text(), re.M
-    )
-    assert steps, f"{tree} has no SPLIT_K_MIN_SLICE_STEPS"
-    namespace["SPLIT_K_MIN_SLICE_STEPS"] = int(steps.group(1))
+    namespace.update(tree_constants((tree / FUSED_MOE_REL).read_text()))
     code = "\n\n".join(found.values())
     exec(compile(code, str(tree / FUSED_MOE_REL), "exec"), namespace)
     return namespace["invoke_fused_moe_triton_kernel"], kernel

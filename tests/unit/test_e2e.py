@@ -44,6 +44,12 @@ def test_published_shapes_are_the_benchmarked_ones():
     assert (qwen["hidden_size"], qwen["moe_intermediate_size"]) == (2048, 768)
     assert (mixtral["num_local_experts"], mixtral["num_experts_per_tok"]) == (8, 2)
     assert (mixtral["hidden_size"], mixtral["intermediate_size"]) == (4096, 14336)
+    # Mixtral-8x22B's MoE is the harness's TP-4 shape at a quarter of its intermediate size
+    from moe_kernels.measure import SHAPES
+
+    big, shard = models.MODELS["mixtral-8x22b"], SHAPES["mixtral-8x22b-tp4"]
+    assert (big["num_local_experts"], big["num_experts_per_tok"]) == (shard.experts, shard.topk)
+    assert (big["hidden_size"], big["intermediate_size"]) == (shard.hidden, 4 * shard.intermediate)
 
 
 def test_unknown_model_or_kind_is_refused():

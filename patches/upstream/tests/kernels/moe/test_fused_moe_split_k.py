@@ -6,6 +6,8 @@ again with a K loop long enough for every slice.
 default_config_split_k: without a tuned table, FP8 MoE on Hopper offers the same split.
 pipeline_depth_for: a Swap-AB launch pipelines its K loop over no more stages
 than the loop has steps.
+resident_depth_for: a Swap-AB grid slightly larger than what the SMs hold at once
+trades pipeline stages for one resident round.
 
 Run `pytest tests/kernels/moe/test_fused_moe_split_k.py`.
 """
@@ -68,6 +70,23 @@ def test_pipeline_depth_counts_scale_blocks_and_keeps_two_stages():
     assert fused_moe.pipeline_depth_for(4, 768, 256, 1) == 3
     assert fused_moe.pipeline_depth_for(4, 768, 256, 1, [128, 128]) == 4
     assert fused_moe.pipeline_depth_for(3, 128, 128, 1) == 2
+
+
+# Four stages of a 16 x 128 activation tile and a 64 x 128 weight tile (FP8).
+STAGE_BYTES = (16 + 64) * 128
+
+
+def test_a_grid_one_round_too_large_drops_a_stage():
+    # 40 KB programs: five per SM, 660 on 132 SMs; at three stages seven, 924
+    assert fused_moe.resident_depth_for(4, 704, STAGE_BYTES, DEVICE) == 3
+    assert fused_moe.resident_depth_for(4, 660, STAGE_BYTES, DEVICE) == 4
+    assert fused_moe.resident_depth_for(5, 700, STAGE_BYTES, DEVICE) == 3
+
+
+def test_a_grid_of_several_rounds_keeps_its_depth():
+    assert fused_moe.resident_depth_for(4, 2000, STAGE_BYTES, DEVICE) == 4
+    assert fused_moe.resident_depth_for(3, 2000, STAGE_BYTES, DEVICE) == 3
+    assert fused_moe.resident_depth_for(2, 704, STAGE_BYTES, DEVICE) == 2
 
 
 def _hopper(monkeypatch: pytest.MonkeyPatch, capability: int = 90):
