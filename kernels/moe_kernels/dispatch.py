@@ -22,8 +22,9 @@ from typing import Any
 from .loader import FUSED_MOE_REL
 
 _SELECTION_FUNCTIONS = ("get_config_file_name", "get_moe_configs", "get_default_config")
-# Lifted where the tree has it: the series' SPLIT_K offer for a default config.
-_OPTIONAL_FUNCTIONS = ("default_config_split_k",)
+# Lifted where the tree has them: the series' changes to a default config (the SPLIT_K
+# offer; 64-wide N tiles for block-scaled FP8, with the swap rule they consult).
+_OPTIONAL_FUNCTIONS = ("use_swap_ab", "default_config_split_k", "default_config_block_n")
 
 
 class _QuietLogger:
@@ -104,4 +105,6 @@ def config_for(
     config = dict(ns["get_default_config"](M, E, intermediate, hidden, topk, dtype, block_shape))
     if "default_config_split_k" in ns:  # as the tree's try_get_optimal_moe_config does
         config["SPLIT_K"] = max(config.get("SPLIT_K", 1), ns["default_config_split_k"](dtype))
+    if "default_config_block_n" in ns:
+        config["BLOCK_SIZE_N"] = ns["default_config_block_n"](config, dtype, block_shape)
     return config, "default"

@@ -215,21 +215,29 @@ def occupancy_markdown(tree: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def search_study_parser(description: str) -> argparse.ArgumentParser:
+    """The command line of a study over the committed config searches."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--search", type=Path, action="append", help="config search JSON")
-    parser.add_argument("--occupancy", type=Path, metavar="TREE", help="compile TREE's kernel")
     parser.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+def write_report(out: Path, text: str) -> int:
+    out.write_text(text)
+    print(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = search_study_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--occupancy", type=Path, metavar="TREE", help="compile TREE's kernel")
     args = parser.parse_args(argv)
     if args.occupancy:
         os.environ.pop("TRITON_INTERPRET", None)  # compiling needs the real compiler
-        text = occupancy_markdown(args.occupancy)
-    else:
-        searches = args.search or list(SEARCHES)
-        text = pairs_markdown(stage_pairs(searches), searches)
-    args.out.write_text(text)
-    print(text)
-    return 0
+        return write_report(args.out, occupancy_markdown(args.occupancy))
+    searches = args.search or list(SEARCHES)
+    return write_report(args.out, pairs_markdown(stage_pairs(searches), searches))
 
 
 if __name__ == "__main__":

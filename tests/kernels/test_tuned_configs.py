@@ -355,3 +355,23 @@ def test_a_shape_without_a_table_is_offered_split_k(release_trees, label):
         release_trees(f"{label}+moe"), 1, qwen.experts, qwen.intermediate, qwen.hidden, qwen.topk
     )
     assert source.startswith("tuned:") and config.get("SPLIT_K", 1) == 1
+
+
+def test_the_backports_default_gives_block_fp8_64_wide_swapped_tiles(release_trees):
+    """Without a table, the 0.20 series' default config narrows block-scaled FP8's N tile
+    from a scale block (128) to 64 wherever the launch swaps (BLOCK_SIZE_M < 64); per-tensor
+    FP8, unswapped launches and the release itself keep vLLM's tile."""
+    from moe_kernels.dispatch import config_for
+    from moe_kernels.measure import SHAPES
+
+    glm = SHAPES["glm-4.5-air"]  # no table ships for it
+    for M in (1, 8, 64, 128):
+        args = (M, glm.experts, glm.intermediate, glm.hidden, glm.topk)
+        patched, _ = config_for(release_trees("0.21.0+moe"), *args, block_shape=[128, 128])
+        released, _ = config_for(release_trees("0.21.0"), *args, block_shape=[128, 128])
+        assert released["BLOCK_SIZE_N"] == 128
+        swapped = patched["BLOCK_SIZE_M"] < 64
+        assert patched["BLOCK_SIZE_N"] == (64 if swapped else 128)
+        assert swapped == (M <= 64)
+        tensor, _ = config_for(release_trees("0.21.0+moe"), *args)
+        assert tensor == config_for(release_trees("0.21.0"), *args)[0] | {"SPLIT_K": 4}

@@ -72,3 +72,18 @@ def test_a_swapped_tile_takes_the_shared_memory_the_rule_counts(release_trees, t
     by = {(r[0], r[1], r[2], r[3]): r for r in rows}
     assert int(by[("tensor", "64", "4", "True")][7]) == 660
     assert int(by[("tensor", "64", "3", "True")][7]) == 924
+
+
+def test_committed_tile_widths_are_the_studys_and_favour_64_for_block_fp8():
+    from studies import tile_width
+
+    pairs = tile_width.width_pairs(resident_depth.SEARCHES)
+    committed = (
+        ROOT / "kernels" / "results" / "tile-width" / "h200-tile-width-pairs.md"
+    ).read_text()
+    assert committed == tile_width.markdown(pairs, resident_depth.SEARCHES)
+    block = [p["ratio"] for p in pairs if p["cell"][1] == "block"]
+    assert len(block) >= 150 and resident_depth._geomean(block) > 1.01
+    assert sum(r > 1 for r in block) >= 0.75 * len(block)
+    idle = [p["ratio"] for p in pairs if p["cell"][1] == "block" and p["programs_128"] < 132]
+    assert idle and min(idle) > 1.0
