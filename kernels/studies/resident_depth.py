@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 from moe_kernels.launch import SHARED_MEMORY_RESERVED_PER_PROGRAM, SM90_SHARED_MEMORY_PER_SM
-from moe_kernels.measure import SHAPES, gemm_dims
+from moe_kernels.measure import SHAPES, command_line, gemm_dims
 from moe_kernels.tune import launch_programs
 
 PROVENANCE = Path(__file__).resolve().parents[1] / "results" / "provenance"
@@ -190,14 +190,16 @@ def compile_for_sm90(loaded, swap: bool, block_n: int, stages: int, block: bool)
     return registers, compiled.metadata.shared
 
 
-def occupancy_markdown(tree: Path) -> str:
+def occupancy_markdown(tree: Path, command: str) -> str:
+    import triton
     from moe_kernels import load_fused_moe_kernel
 
     loaded = load_fused_moe_kernel(tree)
     lines = [
         f"# Programs per SM90 SM of `fused_moe_kernel` from `{tree}`",
         "",
-        "16-token tile, 128-deep K tile, 4 warps, FP8; compiled for sm_90a by Triton's ptxas.",
+        f"Made by `{command}` with Triton {triton.__version__}: 16-token tile, 128-deep K",
+        "tile, 4 warps, FP8, compiled for sm_90a by Triton's own ptxas (no GPU needed).",
         "",
         "| scales | BLOCK_SIZE_N | stages | Swap-AB | registers | shared bytes | per SM | on 132 SMs |",
         "|---|---|---|---|---|---|---|---|",
@@ -235,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.occupancy:
         os.environ.pop("TRITON_INTERPRET", None)  # compiling needs the real compiler
-        return write_report(args.out, occupancy_markdown(args.occupancy))
+        command = command_line("studies.resident_depth", argv)
+        return write_report(args.out, occupancy_markdown(args.occupancy, command))
     searches = args.search or list(SEARCHES)
     return write_report(args.out, pairs_markdown(stage_pairs(searches), searches))
 
