@@ -11,7 +11,6 @@ mode, no user config folder, CUDA on Hopper, this process's GPU name).
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
 import os
@@ -19,17 +18,27 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from .loader import FUSED_MOE_REL
+from .loader import FUSED_MOE_REL, lifted_functions, tree_constants
 
 _SELECTION_FUNCTIONS = ("get_config_file_name", "get_moe_configs", "get_default_config")
-# Lifted where the tree has them: the series' changes to a default config (the SPLIT_K
-# offer; 64-wide N tiles for block-scaled FP8, with the swap rule they consult).
-_OPTIONAL_FUNCTIONS = ("use_swap_ab", "default_config_split_k", "default_config_block_n")
+# Lifted where the tree has them, with the functions they call: the series' changes to
+# a default config (the SPLIT_K offer; the narrow weight tile of block-scaled FP8, and
+# default_config_block_n, its form in older commits of the series).
+_OPTIONAL_FUNCTIONS = (
+    "default_config_split_k",
+    "default_config_decode_tile",
+    "default_config_block_n",
+)
 
 
 class _QuietLogger:
     def __getattr__(self, name):
         return lambda *args, **kwargs: None
+
+
+# An H200's SM count: what the series' default-config rules see without a GPU, as the
+# device name above is an H200's.
+CPU_SM_COUNT = 132
 
 
 def device_name() -> str:
@@ -38,24 +47,32 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "NVIDIA H200"
 
 
+def device_sm_count() -> int:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).multi_processor_count
+    return CPU_SM_COUNT
+
+
 @functools.cache
 def tree_selection(tree: str, gpu_name: str, config_folder: str | None) -> dict[str, Any]:
     """The tree's own config-selection functions (get_config_file_name, get_moe_configs,
     get_default_config), lifted out of its fused_moe.py and run here for ``gpu_name``."""
+    import torch
+    import triton
+
     path = Path(tree) / FUSED_MOE_REL
     source = path.read_text()
-    module = ast.parse(source)
-    wanted = _SELECTION_FUNCTIONS + _OPTIONAL_FUNCTIONS
-    found = {
-        node.name: node
-        for node in module.body
-        if isinstance(node, ast.FunctionDef) and node.name in wanted
-    }
-    missing = [name for name in _SELECTION_FUNCTIONS if name not in found]
+    sm_count = device_sm_count()
+    lifted = {name: lifted_functions(source, name) for name in _SELECTION_FUNCTIONS}
+    missing = [name for name, functions in lifted.items() if not functions]
     if missing:
         raise LookupError(f"{path} has no {', '.join(missing)}")
+    for name in _OPTIONAL_FUNCTIONS:
+        lifted[name] = lifted_functions(source, name)
     # Decorators (lru_cache) are dropped: ast.get_source_segment starts at "def".
-    code = "\n\n".join(ast.get_source_segment(source, found[n]) for n in wanted if n in found)
+    code = "\n\n".join(dict.fromkeys(f for functions in lifted.values() for f in functions))
     file_name = gpu_name.replace(" ", "_")
     namespace: dict[str, Any] = {
         "__file__": str(path),
@@ -64,7 +81,11 @@ def tree_selection(tree: str, gpu_name: str, config_folder: str | None) -> dict[
         "functools": functools,
         "Any": Any,
         "envs": SimpleNamespace(VLLM_BATCH_INVARIANT=False, VLLM_TUNED_CONFIG_FOLDER=config_folder),
+        "torch": torch,
+        "triton": triton,
+        **tree_constants(source),
         "current_platform": SimpleNamespace(
+            num_compute_units=lambda *a: sm_count,
             is_rocm=lambda: False,
             is_cuda=lambda: True,
             is_device_capability=lambda capability: capability == 90,  # Hopper, as measured
@@ -105,6 +126,12 @@ def config_for(
     config = dict(ns["get_default_config"](M, E, intermediate, hidden, topk, dtype, block_shape))
     if "default_config_split_k" in ns:  # as the tree's try_get_optimal_moe_config does
         config["SPLIT_K"] = max(config.get("SPLIT_K", 1), ns["default_config_split_k"](dtype))
-    if "default_config_block_n" in ns:
+    if "default_config_decode_tile" in ns:
+        w1_shape = (E, 2 * intermediate, hidden)  # gated (SiLU) experts, as the shapes here
+        w2_shape = (E, hidden, intermediate)
+        config = ns["default_config_decode_tile"](
+            config, dtype, block_shape, M, topk, w1_shape, w2_shape
+        )
+    elif "default_config_block_n" in ns:
         config["BLOCK_SIZE_N"] = ns["default_config_block_n"](config, dtype, block_shape)
     return config, "default"

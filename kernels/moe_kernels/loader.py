@@ -64,6 +64,28 @@ def tree_constants(source: str) -> dict[str, Any]:
     return constants
 
 
+def lifted_functions(source: str, name: str) -> list[str]:
+    """Source of the module-level function ``name`` and of the module's functions it
+    calls, directly or through them (empty: no such function): what executing a
+    launcher rule cut out of a vLLM source file needs besides its constants."""
+    defined = {
+        node.name: node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)
+    }
+    order: list[str] = []
+    pending = [name] if name in defined else []
+    while pending:
+        current = pending.pop()
+        if current in order:
+            continue
+        order.append(current)
+        pending += [
+            node.id
+            for node in ast.walk(defined[current])
+            if isinstance(node, ast.Name) and node.id in defined and node.id not in order
+        ]
+    return [ast.get_source_segment(source, defined[n]) for n in order]
+
+
 class _SmCountPlatform:
     """Stands in for vLLM's ``current_platform`` in a lifted launcher rule."""
 
@@ -121,8 +143,16 @@ class LoadedKernel:
         """The tree launcher's own ``split_k_for(use_fp8_w8a8, split_k, num_programs,
         k_steps, device)``, lifted out of its source with the module's constants and run
         against the GPU's real SM count, so launches here split exactly where the tree's
-        would (None: the tree has none)."""
-        return self._launcher_rule("split_k_for")
+        would (None: the tree has none).  Trees patched by older commits of the series
+        decided without the K loop's length (``split_k_for(use_fp8_w8a8, split_k,
+        num_programs, device)``); their rule is wrapped to the same call, so an older
+        series can be measured beside the current one."""
+        rule = self._launcher_rule("split_k_for")
+        if rule is None or "k_steps" in inspect.signature(rule).parameters:
+            return rule
+        return lambda use_fp8, split_k, programs, k_steps, device: rule(
+            use_fp8, split_k, programs, device
+        )
 
     @functools.cached_property
     def resident_depth_rule(self) -> Any:
@@ -133,10 +163,8 @@ class LoadedKernel:
 
     def _launcher_rule(self, name: str) -> Any:
         source = self.source_path.read_text()
-        found = [
-            n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name
-        ]
-        if not found:
+        functions = lifted_functions(source, name)
+        if not functions:
             return None
         import torch
         import triton
@@ -147,10 +175,7 @@ class LoadedKernel:
             "current_platform": _SmCountPlatform(),
             **tree_constants(source),
         }
-        exec(
-            compile(ast.get_source_segment(source, found[0]), str(self.source_path), "exec"),
-            namespace,
-        )
+        exec(compile("\n\n".join(functions), str(self.source_path), "exec"), namespace)
         return namespace[name]
 
     def runtime_non_specialized(self) -> dict[str, tuple[str, ...]]:

@@ -3,9 +3,10 @@
 The committed H200 config searches behind the shipped tables timed several tiles of each
 cell on the same routing.  Every pair of swapped configs that differ only in BLOCK_SIZE_N
 (64 against 128; same token and K tile, depth, warps, no split) is a paired measurement of
-the tile width, per GEMM.  Grouped by quantisation, by whether the 128-wide grid leaves SMs
-idle and by M, they are the evidence behind the swap-ab patch's ``default_config_block_n``
-(64-wide tiles for block-scaled FP8 where no table exists).
+the tile width, per GEMM.  Grouped by quantisation, by whether the 64-wide grid is resident
+at once (every program on an SM together, at the pair's depth) and by M, they are the
+evidence behind the swap-ab patch's ``default_config_decode_tile`` (64-wide tiles for
+block-scaled FP8 where no table exists, where the narrow grid is resident).
 
 A one-off study, not part of the installed package; from the repository root:
 
@@ -19,6 +20,10 @@ import json
 import sys
 from pathlib import Path
 
+from moe_kernels.launch import (
+    SHARED_MEMORY_RESERVED_PER_PROGRAM,
+    SM90_SHARED_MEMORY_PER_SM,
+)
 from moe_kernels.tune import launch_programs
 
 from studies.resident_depth import (
@@ -56,15 +61,27 @@ def width_pairs(searches) -> list[dict]:
             for rest, widths in by_rest.items():
                 if 64 not in widths or 128 not in widths:
                     continue
+                block_m, block_k, stages = rest[:3]
+                if cell["quant"] == "block":  # the launcher clamps the K tile to the scale block
+                    block_k = min(block_k, 128)
                 for gemm in ("up", "down"):
                     pairs.append(
                         {
                             "cell": (cell["shape"], cell["quant"], M, gemm),
                             "programs_128": launch_programs(shape, gemm, M, rest[0], 128),
+                            "narrow_resident": launch_programs(shape, gemm, M, block_m, 64)
+                            <= narrow_capacity(block_m, block_k, stages),
                             "ratio": widths[128][f"{gemm}_us"] / widths[64][f"{gemm}_us"],
                         }
                     )
     return pairs
+
+
+def narrow_capacity(block_m: int, block_k: int, stages: int) -> int:
+    """Programs of a 64-wide swapped FP8 tile an H200 holds at once (the swap-ab patch's
+    ``resident_programs``)."""
+    per_program = stages * (block_m + 64) * block_k + SHARED_MEMORY_RESERVED_PER_PROGRAM
+    return SM_COUNT * (SM90_SHARED_MEMORY_PER_SM // per_program)
 
 
 def _row(name: str, ratios: list[float]) -> str:
@@ -93,6 +110,8 @@ def markdown(pairs: list[dict], searches) -> str:
                 f"{quant}, 128-wide grid below {SM_COUNT} programs",
                 [p for p in of if p["programs_128"] < SM_COUNT],
             ),
+            (f"{quant}, 64-wide grid resident", [p for p in of if p["narrow_resident"]]),
+            (f"{quant}, 64-wide grid not resident", [p for p in of if not p["narrow_resident"]]),
         ]
         groups += [
             (f"{quant}, M {lo}-{hi}", [p for p in of if lo <= p["cell"][2] <= hi])

@@ -87,3 +87,73 @@ def test_committed_tile_widths_are_the_studys_and_favour_64_for_block_fp8():
     assert sum(r > 1 for r in block) >= 0.75 * len(block)
     idle = [p["ratio"] for p in pairs if p["cell"][1] == "block" and p["programs_128"] < 132]
     assert idle and min(idle) > 1.0
+    # default_config_decode_tile narrows only where the 64-wide grid is resident: there the
+    # searches never found 128 faster; on larger grids they did, by up to 15%
+    resident = [p["ratio"] for p in pairs if p["cell"][1] == "block" and p["narrow_resident"]]
+    larger = [p["ratio"] for p in pairs if p["cell"][1] == "block" and not p["narrow_resident"]]
+    assert len(resident) >= 60 and min(resident) > 1.0
+    assert min(larger) < 0.9
+
+
+LAUNCH_RULES = ROOT / "kernels" / "results" / "launch-rules"
+
+
+def test_committed_rule_effects_are_the_studys_and_back_the_rules():
+    """The out-of-sample H200 run: every launch the split gate or resident_depth_for
+    changed got faster, and the narrow-tile default leaves no block case of the untuned
+    models below 0.98x of 0.21.0."""
+    import json
+
+    from studies import launch_rule_effects as effects
+
+    names = [
+        "h200-launch-rules-bench.json",
+        "h200-launch-rules-layer-bench.json",
+        "h200-launch-rules-tuned-layer-bench.json",
+    ]
+    runs = [json.loads((LAUNCH_RULES / n).read_text()) for n in names]
+    committed = (LAUNCH_RULES / "h200-launch-rules-effects.md").read_text()
+    assert committed == effects.markdown(names, "0.21.0+moe", "0.21.0+s20", runs)
+    groups = effects.rule_effects(runs[0]["rows"], "0.21.0+moe", "0.21.0+s20")
+    for rule in ("split", "launch depth"):
+        assert groups[rule] and min(e["ratio"] for e in groups[rule]) > 1.0, rule
+
+    tile = json.loads((LAUNCH_RULES / "h200-decode-tile-bench.json").read_text())
+    committed = (LAUNCH_RULES / "h200-decode-tile-effects.md").read_text()
+    name = "h200-decode-tile-bench.json"
+    assert committed == effects.markdown([name], "0.21.0+moe", "0.21.0+s21", [tile], True)
+    versus = {(c["patched"], c["release"]): c for c in effects.against_releases(tile["rows"])}
+    assert versus[("0.21.0+moe", "0.21.0")]["below"] == []
+    assert versus[("0.21.0+s21", "0.21.0")]["below"]  # narrowing everywhere did fall behind
+
+
+def test_rule_effects_group_launches_by_the_rule_that_differs():
+    from studies import launch_rule_effects as effects
+
+    def row(variant, us, config, split_k=1, routing=0):
+        return {
+            "shape": "deepseek-v3-tp8",
+            "gemm": "up",
+            "quant": "block",
+            "M": 3,
+            "variant": variant,
+            "us": us,
+            "config": config,
+            "split_k": split_k,
+            "swap_ab": True,
+            "routing": routing,
+        }
+
+    tile = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "num_stages": 3}
+    rows = [row("new", 10.0, tile, 4), row("old", 12.0, tile, 1), row("rel", 13.0, tile)]
+    groups = effects.rule_effects(rows, "new", "old")
+    assert [round(e["ratio"], 3) for e in groups["split"]] == [1.2]
+    assert not groups["default config"]
+    rows = [row("new", 10.0, tile | {"BLOCK_SIZE_N": 64}), row("old", 9.0, tile)]
+    groups = effects.rule_effects(rows, "new", "old")
+    assert [round(e["ratio"], 3) for e in groups["default config"]] == [0.9]
+    versus = effects.against_releases(
+        [row("x+p", 10.0, tile), row("x+p", 10.0, tile, routing=1), row("x", 9.0, tile)]
+    )
+    assert versus[0]["release"] == "x" and round(versus[0]["geomean"], 3) == 0.9
+    assert len(versus[0]["below"]) == 1

@@ -270,6 +270,32 @@ def test_launches_split_by_the_trees_own_rule(release_trees, label, monkeypatch)
     assert loaded.split_k_rule(False, 4, 1, 56, device) == 1
 
 
+def test_an_older_series_split_rule_is_called_like_the_current_one():
+    """Trees patched by older commits of the series have ``split_k_for`` without
+    ``k_steps``; the harness wraps it so such a tree can be measured beside the current one."""
+    from moe_kernels.loader import LoadedKernel
+
+    seen = []
+
+    def split_k_for(use_fp8_w8a8, split_k, num_programs, device):
+        seen.append((use_fp8_w8a8, split_k, num_programs, device))
+        return split_k if num_programs < 132 else 1
+
+    older = SimpleNamespace(_launcher_rule=lambda name: split_k_for)
+    rule = LoadedKernel.split_k_rule.func(older)
+    assert rule(True, 4, 100, 56, "gpu0") == 4
+    assert rule(True, 4, 200, 56, "gpu0") == 1
+    assert seen == [(True, 4, 100, "gpu0"), (True, 4, 200, "gpu0")]
+
+    def current(use_fp8_w8a8, split_k, num_programs, k_steps, device):
+        return k_steps
+
+    assert (
+        LoadedKernel.split_k_rule.func(SimpleNamespace(_launcher_rule=lambda name: current))
+        is current
+    )
+
+
 # Stage bytes of 16- and 8-token tiles against 64- and 128-wide weight tiles, K tiles of
 # 128 and 256 (FP8: one byte per element), and grids around what an SM holds.
 STAGE_BYTES = ((16 + 64) * 128, (16 + 128) * 128, (8 + 64) * 256, (16 + 64) * 256)
@@ -357,21 +383,84 @@ def test_a_shape_without_a_table_is_offered_split_k(release_trees, label):
     assert source.startswith("tuned:") and config.get("SPLIT_K", 1) == 1
 
 
-def test_the_backports_default_gives_block_fp8_64_wide_swapped_tiles(release_trees):
-    """Without a table, the 0.20 series' default config narrows block-scaled FP8's N tile
-    from a scale block (128) to 64 wherever the launch swaps (BLOCK_SIZE_M < 64); per-tensor
-    FP8, unswapped launches and the release itself keep vLLM's tile."""
-    from moe_kernels.dispatch import config_for
-    from moe_kernels.measure import SHAPES
+def _narrow_grid_pays(shape, M: int, block_m: int, stages: int, sm_count: int = 132) -> bool:
+    """default_config_decode_tile's condition, from the harness's own grid arithmetic:
+    both GEMMs' 64-wide grids resident at once, and no launch that splits at 128 wide
+    left unsplit at 64."""
+    from moe_kernels.launch import SHARED_MEMORY_RESERVED_PER_PROGRAM, SM90_SHARED_MEMORY_PER_SM
+    from moe_kernels.measure import gemm_dims
+    from moe_kernels.tune import GEMMS, launch_programs
 
-    glm = SHAPES["glm-4.5-air"]  # no table ships for it
-    for M in (1, 8, 64, 128):
-        args = (M, glm.experts, glm.intermediate, glm.hidden, glm.topk)
-        patched, _ = config_for(release_trees("0.21.0+moe"), *args, block_shape=[128, 128])
-        released, _ = config_for(release_trees("0.21.0"), *args, block_shape=[128, 128])
-        assert released["BLOCK_SIZE_N"] == 128
-        swapped = patched["BLOCK_SIZE_M"] < 64
-        assert patched["BLOCK_SIZE_N"] == (64 if swapped else 128)
-        assert swapped == (M <= 64)
-        tensor, _ = config_for(release_trees("0.21.0+moe"), *args)
-        assert tensor == config_for(release_trees("0.21.0"), *args)[0] | {"SPLIT_K": 4}
+    per_program = stages * (block_m + 64) * 128 + SHARED_MEMORY_RESERVED_PER_PROGRAM
+    capacity = sm_count * (SM90_SHARED_MEMORY_PER_SM // per_program)
+    for gemm in GEMMS:
+        narrow = launch_programs(shape, gemm, M, block_m, 64)
+        wide = launch_programs(shape, gemm, M, block_m, 128)
+        k_steps = -(-gemm_dims(shape, gemm)[1] // 128)
+        splits = [patched_split_k(True, 4, p, k_steps, sm_count) for p in (wide, narrow)]
+        if narrow > capacity or splits[0] > splits[1]:
+            return False
+    return True
+
+
+def test_the_backports_default_narrows_block_fp8_tiles_only_where_the_grid_is_resident(
+    release_trees,
+):
+    """Without a table, the 0.20 series' default config narrows block-scaled FP8's N tile
+    from a scale block (128) to 64, with four stages, exactly where both GEMMs' narrow
+    grids are resident at once and no launch loses its K split; per-tensor FP8, unswapped
+    launches and the release itself keep vLLM's tile."""
+    from moe_kernels.dispatch import config_for
+    from moe_kernels.measure import UNTUNED_SHAPES
+
+    narrowed = set()
+    for shape in UNTUNED_SHAPES:
+        for M in (*range(1, 17), 24, 32, 48, 64, 128):
+            args = (M, shape.experts, shape.intermediate, shape.hidden, shape.topk)
+            patched, source = config_for(release_trees("0.21.0+moe"), *args, block_shape=[128, 128])
+            if source != "default":
+                continue
+            released, _ = config_for(release_trees("0.21.0"), *args, block_shape=[128, 128])
+            assert released["BLOCK_SIZE_N"] == 128
+            swapped = patched["BLOCK_SIZE_M"] < 64
+            pays = swapped and _narrow_grid_pays(shape, M, patched["BLOCK_SIZE_M"], 3)
+            wide = released | {"SPLIT_K": 4}
+            assert patched == (wide | {"BLOCK_SIZE_N": 64, "num_stages": 4} if pays else wide)
+            if pays:
+                narrowed.add((shape.name, M))
+            tensor, source = config_for(release_trees("0.21.0+moe"), *args)
+            if source == "default":
+                assert tensor == config_for(release_trees("0.21.0"), *args)[0] | {"SPLIT_K": 4}
+    # measured on an H200: narrowed, faster than 128 wide; kept wide, 64 wide was slower
+    assert {("minimax-m2-tp4", 1), ("mixtral-8x22b-tp4", 3)} <= narrowed
+    assert not {("glm-4.5-air", 3), ("qwen3-coder-480b-a35b-tp8", 3)} & narrowed
+    assert not any(shape == "mixtral-8x22b-tp4" and M >= 8 for shape, M in narrowed)
+
+
+def test_a_lifted_rule_brings_the_functions_it_calls():
+    """A launcher rule cut out of a tree's source comes with the module functions it
+    calls, directly or through others, and nothing else."""
+    from moe_kernels.loader import lifted_functions
+
+    source = """
+def helper(x):
+    return inner(x) + 1
+
+
+def inner(x):
+    return 2 * x
+
+
+def unrelated():
+    return helper(0)
+
+
+def rule(x):
+    return helper(x) * LIMIT
+"""
+    lifted = lifted_functions(source, "rule")
+    assert [code.split("(")[0] for code in lifted] == ["def rule", "def helper", "def inner"]
+    namespace = {"LIMIT": 3}
+    exec("\n\n".join(lifted), namespace)
+    assert namespace["rule"](5) == 33
+    assert lifted_functions(source, "missing") == []
