@@ -296,11 +296,15 @@ def time_variant(
         )
 
     errors = []
+    started = time.monotonic()
+    first_launch_s = None
     for copy in (0, COPIES - 1):
         C.fill_(float("nan"))
         args = launch(copy)
         if DEVICE == "cuda":
             torch.cuda.synchronize()
+        if first_launch_s is None:  # Triton compiles (or loads from its cache) here
+            first_launch_s = time.monotonic() - started
         if copy not in refs:
             refs[copy] = reference(
                 case["a_q"],
@@ -338,6 +342,9 @@ def time_variant(
         "experts_hit": int(torch.unique(case["ids"]).numel()),
         "rel_error": errors,
         "correct": bool(correct),
+        # where a run's time goes: the first launch (compilation), and the whole row
+        "first_launch_s": round(first_launch_s, 3),
+        "wall_s": round(time.monotonic() - started, 3),
     }
 
 

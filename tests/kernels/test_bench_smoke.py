@@ -36,6 +36,7 @@ def test_bench_runs_and_checks_every_variant(release_trees, tmp_path):
     for row in rows:
         assert row["correct"] and max(row["rel_error"]) < measure.FP8_ERROR_BOUND
         assert row["floor_us"] > 0 and row["experts_hit"] >= 1
+        assert 0 < row["first_launch_s"] <= row["wall_s"]  # where the run's time went
     assert rows[0]["swap_ab"] is None  # 0.21.0 has no SWAP_AB parameter
 
 
