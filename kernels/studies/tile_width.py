@@ -20,10 +20,6 @@ import json
 import sys
 from pathlib import Path
 
-from moe_kernels.launch import (
-    SHARED_MEMORY_RESERVED_PER_PROGRAM,
-    SM90_SHARED_MEMORY_PER_SM,
-)
 from moe_kernels.tune import launch_programs
 
 from studies.resident_depth import (
@@ -31,6 +27,7 @@ from studies.resident_depth import (
     SHAPES,
     SM_COUNT,
     _geomean,
+    resident,
     search_study_parser,
     write_report,
 )
@@ -69,19 +66,15 @@ def width_pairs(searches) -> list[dict]:
                         {
                             "cell": (cell["shape"], cell["quant"], M, gemm),
                             "programs_128": launch_programs(shape, gemm, M, rest[0], 128),
-                            "narrow_resident": launch_programs(shape, gemm, M, block_m, 64)
-                            <= narrow_capacity(block_m, block_k, stages),
+                            "narrow_resident": resident(
+                                launch_programs(shape, gemm, M, block_m, 64),
+                                stages,
+                                (block_m + 64) * block_k,
+                            ),
                             "ratio": widths[128][f"{gemm}_us"] / widths[64][f"{gemm}_us"],
                         }
                     )
     return pairs
-
-
-def narrow_capacity(block_m: int, block_k: int, stages: int) -> int:
-    """Programs of a 64-wide swapped FP8 tile an H200 holds at once (the swap-ab patch's
-    ``resident_programs``)."""
-    per_program = stages * (block_m + 64) * block_k + SHARED_MEMORY_RESERVED_PER_PROGRAM
-    return SM_COUNT * (SM90_SHARED_MEMORY_PER_SM // per_program)
 
 
 def _row(name: str, ratios: list[float]) -> str:
