@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -163,14 +164,22 @@ def install_prebuilt(payload: Path, manifest: dict, site: Path) -> None:
     """FlashInfer modules built ahead of time go where FlashInfer looks before compiling:
     ``flashinfer/data/aot/<module>/<module>.so``."""
     for name, digest in manifest.get("flashinfer_aot", {}).items():
-        library = payload / "flashinfer-aot" / name
-        if sha256_file(library) != digest:
-            raise StageError(f"{name} does not match the manifest")
         if not (site / "flashinfer").is_dir():
             raise StageError(f"{name} is a FlashInfer module, but FlashInfer is not bundled")
         target = site / "flashinfer" / "data" / "aot" / Path(name).stem / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(library, target)
+        partial = target.with_name(target.name + ".part")
+        try:
+            with lzma.open(payload / "flashinfer-aot" / f"{name}.xz") as packed:
+                with open(partial, "wb") as out:
+                    shutil.copyfileobj(packed, out, 1 << 20)
+        except (OSError, EOFError, lzma.LZMAError) as error:
+            partial.unlink(missing_ok=True)
+            raise StageError(f"{name} could not be unpacked: {error}") from None
+        if sha256_file(partial) != digest:
+            partial.unlink()
+            raise StageError(f"{name} does not match the manifest")
+        partial.replace(target)
 
 
 def stage(source: Path, into: Path) -> dict | None:

@@ -838,6 +838,26 @@ def test_a_prebuilt_flashinfer_module_lands_in_its_aot_folder(monkeypatch, wheel
     assert summary["flashinfer_aot"] == ["fused_moe_90.so"]
 
 
+def test_a_damaged_prebuilt_module_is_refused_and_leaves_nothing(tmp_path):
+    import hashlib
+    import lzma
+
+    payload, site = tmp_path / "payload", tmp_path / "site"
+    (payload / "flashinfer-aot").mkdir(parents=True)
+    (site / "flashinfer").mkdir(parents=True)
+    packed = payload / "flashinfer-aot" / "fused_moe_90.so.xz"
+    aot = site / "flashinfer/data/aot/fused_moe_90"
+    packed.write_bytes(lzma.compress(b"\x7fELF other bytes", preset=1))
+    manifest = {"flashinfer_aot": {"fused_moe_90.so": hashlib.sha256(b"\x7fELF").hexdigest()}}
+    with pytest.raises(stage.StageError, match="does not match the manifest"):
+        stage.install_prebuilt(payload, manifest, site)
+    assert not any(aot.iterdir())
+    packed.write_bytes(lzma.compress(b"\x7fELF other bytes", preset=1)[:-8])  # cut short
+    with pytest.raises(stage.StageError, match="could not be unpacked"):
+        stage.install_prebuilt(payload, manifest, site)
+    assert not any(aot.iterdir())
+
+
 def test_flashinfer_aot_needs_a_cuda_13_nvcc(monkeypatch, tmp_path, capsys):
     from moe_e2e import flashinfer_aot
 
