@@ -62,10 +62,14 @@ def swap_rule(entry: dict) -> bool:
 
 def vllm_entry(config: dict) -> dict:
     """A launch config as a table entry: vLLM's keys, SPLIT_K only above 1, SWAP_AB
-    only where it overrides the launcher's rule."""
+    only where it overrides the launcher's rule, and the narrow tile a series default
+    offers its launches (NARROW_TILE_STAGES), so an entry that keeps the dispatch's
+    config launches as the dispatch did."""
     entry = {key: config[key] for key in ENTRY_KEYS if key in config}
     if config.get("SPLIT_K", 1) > 1:
         entry["SPLIT_K"] = config["SPLIT_K"]
+    if "NARROW_TILE_STAGES" in config:
+        entry["NARROW_TILE_STAGES"] = config["NARROW_TILE_STAGES"]
     swap = config.get("SWAP_AB")
     if swap is not None and bool(swap) != swap_rule(entry):
         entry["SWAP_AB"] = bool(swap)

@@ -12,13 +12,14 @@ mode, no user config folder, CUDA on Hopper, this process's GPU name).
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from .loader import FUSED_MOE_REL, lifted_functions, tree_constants
+from .loader import CPU_SM_COUNT, FUSED_MOE_REL, lifted_functions, tree_constants
 
 _SELECTION_FUNCTIONS = ("get_config_file_name", "get_moe_configs", "get_default_config")
 # Lifted where the tree has them, with the functions they call: the series' changes to
@@ -34,11 +35,6 @@ _OPTIONAL_FUNCTIONS = (
 class _QuietLogger:
     def __getattr__(self, name):
         return lambda *args, **kwargs: None
-
-
-# An H200's SM count: what the series' default-config rules see without a GPU, as the
-# device name above is an H200's.
-CPU_SM_COUNT = 132
 
 
 def device_name() -> str:
@@ -127,11 +123,12 @@ def config_for(
     if "default_config_split_k" in ns:  # as the tree's try_get_optimal_moe_config does
         config["SPLIT_K"] = max(config.get("SPLIT_K", 1), ns["default_config_split_k"](dtype))
     if "default_config_decode_tile" in ns:
-        w1_shape = (E, 2 * intermediate, hidden)  # gated (SiLU) experts, as the shapes here
-        w2_shape = (E, hidden, intermediate)
-        config = ns["default_config_decode_tile"](
-            config, dtype, block_shape, M, topk, w1_shape, w2_shape
-        )
+        decode_tile = ns["default_config_decode_tile"]
+        args = [config, dtype, block_shape, M]
+        if len(inspect.signature(decode_tile).parameters) > len(args):
+            # Older commits of the series decided the layer's tile here, from its shapes.
+            args += [topk, (E, 2 * intermediate, hidden), (E, hidden, intermediate)]
+        config = decode_tile(*args)
     elif "default_config_block_n" in ns:
         config["BLOCK_SIZE_N"] = ns["default_config_block_n"](config, dtype, block_shape)
     return config, "default"

@@ -190,7 +190,6 @@ def invoke_fused_moe_kernel(
         compute_type = compute_type_for(C.dtype)
 
     block_m = config["BLOCK_SIZE_M"]
-    block_n = config["BLOCK_SIZE_N"]
     M = A.size(0)
     num_tokens = M * top_k
     sorted_len = None if sorted_token_ids is None else sorted_token_ids.size(0)
@@ -198,6 +197,17 @@ def invoke_fused_moe_kernel(
     N = B.size(1)
 
     cfg = dict(config)
+    # A default config of the series may offer its launches a narrow weight tile; the
+    # tree's own rule takes it or not, per launch, as the tree's launcher does.
+    narrow_stages = cfg.pop("NARROW_TILE_STAGES", None)
+    rule = loaded.narrow_tile_rule
+    if (
+        narrow_stages is not None
+        and rule is not None
+        and rule(cfg, narrow_stages, EM, num_tokens, B, A.device)
+    ):
+        cfg["BLOCK_SIZE_N"], cfg["num_stages"] = loaded.narrow_block_n, narrow_stages
+    block_n = cfg["BLOCK_SIZE_N"]
     block_k = cfg.pop("BLOCK_SIZE_K")
     programs = _cdiv(EM, block_m) * _cdiv(N, block_n)
     split_k = int(cfg.pop("SPLIT_K", 1))

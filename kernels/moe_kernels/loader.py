@@ -86,6 +86,11 @@ def lifted_functions(source: str, name: str) -> list[str]:
     return [ast.get_source_segment(source, defined[n]) for n in order]
 
 
+# What the series' rules (default config and launcher) see as the SM count without a GPU:
+# an H200's, the GPU they were measured on and the device name dispatch reports then.
+CPU_SM_COUNT = 132
+
+
 class _SmCountPlatform:
     """Stands in for vLLM's ``current_platform`` in a lifted launcher rule."""
 
@@ -93,6 +98,8 @@ class _SmCountPlatform:
     def num_compute_units(device_index: int = 0) -> int:
         import torch
 
+        if not torch.cuda.is_available():
+            return CPU_SM_COUNT
         return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
@@ -161,6 +168,19 @@ class LoadedKernel:
         Swap-AB grid resident at once), lifted likewise (None: the tree has none)."""
         return self._launcher_rule("resident_depth_for")
 
+    @functools.cached_property
+    def narrow_tile_rule(self) -> Any:
+        """The tree launcher's own ``narrow_tile_pays(config, narrow_stages, num_rows,
+        num_pairs, B, device)`` (moe-patch's: whether a launch of a default config that
+        offers a narrow weight tile, ``NARROW_TILE_STAGES``, takes it), lifted likewise
+        (None: the tree has none).  Without a GPU it sees an H200's SM count."""
+        return self._launcher_rule("narrow_tile_pays")
+
+    @functools.cached_property
+    def narrow_block_n(self) -> int | None:
+        """The narrow tile's width (the tree's ``NARROW_BLOCK_N``; None: no such tile)."""
+        return tree_constants(self.source_path.read_text()).get("NARROW_BLOCK_N")
+
     def _launcher_rule(self, name: str) -> Any:
         source = self.source_path.read_text()
         functions = lifted_functions(source, name)
@@ -170,6 +190,7 @@ class LoadedKernel:
         import triton
 
         namespace: dict[str, Any] = {
+            "Any": Any,
             "torch": torch,
             "triton": triton,
             "current_platform": _SmCountPlatform(),

@@ -336,6 +336,8 @@ def time_variant(
         "config_source": source,
         "swap_ab": args.get("SWAP_AB"),
         "split_k": args["grid"][1],
+        # the tile and depth launched, where the tree's launcher rules changed the config's
+        "launched": {"BLOCK_SIZE_N": args["BLOCK_SIZE_N"], "num_stages": args.get("num_stages")},
         "naive": sorted_ids is None,
         "us": statistics.median(per_call),
         "us_all": per_call,

@@ -157,3 +157,73 @@ def test_rule_effects_group_launches_by_the_rule_that_differs():
     )
     assert versus[0]["release"] == "x" and round(versus[0]["geomean"], 3) == 0.9
     assert len(versus[0]["below"]) == 1
+
+
+def test_committed_decode_tile_replay_is_the_studys_and_backs_the_default(release_trees):
+    """default_config_decode_tile replayed on the launch-rules runs' times: the committed
+    report is what the study makes of the series' tree, and its numbers are those the
+    swap-ab patch message quotes."""
+    import json
+
+    from studies import decode_tile_replay as replay
+
+    names = ["h200-launch-rules-bench.json", "h200-decode-tile-bench.json"]
+    runs = [json.loads((LAUNCH_RULES / n).read_text()) for n in names]
+    cases = replay.replay(release_trees("0.21.0+moe"), runs)
+    committed = (LAUNCH_RULES / "h200-decode-tile-replay.md").read_text()
+    assert committed == replay.markdown("0.21.0+moe", names, cases)
+    by_seed = {seed: replay.summary(cases, seed) for seed in (1901, 1902)}
+    assert [s["measured"] for s in by_seed.values()] == [88, 89]
+    assert [round(s["0.21.0"]["geomean"], 3) for s in by_seed.values()] == [1.091, 1.107]
+    assert [round(s["0.33.0"]["geomean"], 3) for s in by_seed.values()] == [1.016, 1.031]
+    assert sum(len(s["0.21.0"]["below"]) for s in by_seed.values()) == 0
+    assert [b[:3] for s in by_seed.values() for b in s["0.33.0"]["below"]] == [
+        ("glm-4.5-air", "up", 3)
+    ]
+    assert min(s[p]["slowest"] for s in by_seed.values() for p in ("0.21.0", "0.33.0")) > 0.97
+
+
+def test_the_decode_tile_replay_derives_the_splits_the_series_launched():
+    """The study's launch arithmetic (grid, the series' split rule) gives every block-FP8
+    launch the series variant of the second run made the K split it recorded."""
+    import json
+
+    from studies import decode_tile_replay as replay
+
+    run = json.loads((LAUNCH_RULES / "h200-decode-tile-bench.json").read_text())
+    rows = [r for r in run["rows"] if r["variant"] == replay.SERIES and r["quant"] == "block"]
+    assert rows
+    for row in rows:  # every launch the study derives for the measured config is the row's own
+        if row["config_source"] == "default" and row["gemm"] != "layer":
+            shape = replay.SHAPES[row["shape"]]
+            derived = replay.launch(row["config"], shape, row["gemm"], row["M"])
+            assert derived[-1] == row["split_k"], row
+
+
+def test_committed_out_of_sample_run_backs_the_per_launch_narrow_tile():
+    """The H200 run made after the rule (seed 1903, never seen by it): the series is below
+    0.98x of 0.33.0 in no GEMM or layer case and of 0.21.0 in one GEMM case, where the
+    series before it was below 0.33.0 in 23 GEMM and 5 layer cases."""
+    import json
+
+    from studies import launch_rule_effects as effects
+
+    names = ["h200-decode-tile-oos-bench.json", "h200-decode-tile-oos-layer-bench.json"]
+    runs = [json.loads((LAUNCH_RULES / n).read_text()) for n in names]
+    committed = (LAUNCH_RULES / "h200-decode-tile-oos-effects.md").read_text()
+    assert committed == effects.markdown(names, "0.21.0+moe", "0.21.0+s22", runs, True)
+    assert all(row["correct"] for run in runs for row in run["rows"])
+    gemms, layers = (
+        {(c["patched"], c["release"]): c for c in effects.against_releases(r["rows"])} for r in runs
+    )
+    assert (
+        gemms[("0.21.0+moe", "0.33.0")]["below"] == layers[("0.21.0+moe", "0.33.0")]["below"] == []
+    )
+    assert [c for _, c in gemms[("0.21.0+moe", "0.21.0")]["below"]] == [
+        ("deepseek-v2-lite", "down", "block", 6)
+    ]
+    assert layers[("0.21.0+moe", "0.21.0")]["below"] == []
+    assert len(gemms[("0.21.0+s22", "0.33.0")]["below"]) == 23
+    assert len(layers[("0.21.0+s22", "0.33.0")]["below"]) == 5
+    assert round(gemms[("0.21.0+moe", "0.33.0")]["geomean"], 3) == 1.028
+    assert round(layers[("0.21.0+moe", "0.33.0")]["geomean"], 3) == 1.021

@@ -383,36 +383,56 @@ def test_a_shape_without_a_table_is_offered_split_k(release_trees, label):
     assert source.startswith("tuned:") and config.get("SPLIT_K", 1) == 1
 
 
-def _narrow_grid_pays(shape, M: int, block_m: int, stages: int, sm_count: int = 132) -> bool:
-    """default_config_decode_tile's condition, from the harness's own grid arithmetic:
-    both GEMMs' 64-wide grids resident at once, and no launch that splits at 128 wide
-    left unsplit at 64."""
+def _takes_narrow_tile(shape, gemm: str, M: int, config: dict, sm_count: int = 132) -> bool:
+    """narrow_tile_pays, from the harness's own grid arithmetic: a launch keeps the
+    128-wide tile where that grid is below the SM count and keeps a K split (8 steps a
+    slice) the 64-wide one loses, or where, at the depth each would launch with, only the
+    128-wide grid of working programs (one row block per expert hit, uniform routing)
+    fits the GPU at once."""
+    import math
+
     from moe_kernels.launch import SHARED_MEMORY_RESERVED_PER_PROGRAM, SM90_SHARED_MEMORY_PER_SM
     from moe_kernels.measure import gemm_dims
+    from moe_kernels.tune import launch_programs
+
+    n, k = gemm_dims(shape, gemm)
+    block_m, k_steps = config["BLOCK_SIZE_M"], -(-k // 128)
+    pairs = M * shape.topk
+    hit = min(pairs, math.ceil(shape.experts * (1 - (1 - 1 / shape.experts) ** pairs)))
+
+    def split(block_n: int) -> int:
+        return patched_split_k(
+            True, 4, launch_programs(shape, gemm, M, block_m, block_n), k_steps, sm_count
+        )
+
+    def fits(block_n: int, stages: int) -> bool:
+        slices, stage_bytes = split(block_n), (block_m + block_n) * 128
+        stages = patched_pipeline_depth(stages, k, 128, slices)
+        launched = launch_programs(shape, gemm, M, block_m, block_n) * slices
+        stages = patched_resident_depth(stages, launched, stage_bytes, sm_count)
+        per_sm = SM90_SHARED_MEMORY_PER_SM // (
+            stages * stage_bytes + SHARED_MEMORY_RESERVED_PER_PROGRAM
+        )
+        return hit * -(-n // block_n) * slices <= per_sm * sm_count
+
+    wide_programs = launch_programs(shape, gemm, M, block_m, 128)
+    if wide_programs < sm_count and split(128) > split(64) and k_steps >= 8 * split(128):
+        return False
+    return fits(64, config["NARROW_TILE_STAGES"]) or not fits(128, config["num_stages"])
+
+
+def test_the_backports_default_offers_block_fp8_a_narrow_tile_at_decode(release_trees):
+    """Without a table, the 0.20 series' default config for block-scaled FP8 offers its
+    launches a 64-wide N tile up to eight tokens (four stages up to four), and each launch
+    takes it unless its 128-wide grid keeps a paying K split or only the wide grid fits the
+    GPU at once; per-tensor FP8, unswapped launches and the release keep vLLM's tile."""
+    import torch
+    from moe_kernels.dispatch import config_for
+    from moe_kernels.measure import UNTUNED_SHAPES, gemm_dims
     from moe_kernels.tune import GEMMS, launch_programs
 
-    per_program = stages * (block_m + 64) * 128 + SHARED_MEMORY_RESERVED_PER_PROGRAM
-    capacity = sm_count * (SM90_SHARED_MEMORY_PER_SM // per_program)
-    for gemm in GEMMS:
-        narrow = launch_programs(shape, gemm, M, block_m, 64)
-        wide = launch_programs(shape, gemm, M, block_m, 128)
-        k_steps = -(-gemm_dims(shape, gemm)[1] // 128)
-        splits = [patched_split_k(True, 4, p, k_steps, sm_count) for p in (wide, narrow)]
-        if narrow > capacity or splits[0] > splits[1]:
-            return False
-    return True
-
-
-def test_the_backports_default_narrows_block_fp8_tiles_only_where_the_grid_is_resident(
-    release_trees,
-):
-    """Without a table, the 0.20 series' default config narrows block-scaled FP8's N tile
-    from a scale block (128) to 64, with four stages, exactly where both GEMMs' narrow
-    grids are resident at once and no launch loses its K split; per-tensor FP8, unswapped
-    launches and the release itself keep vLLM's tile."""
-    from moe_kernels.dispatch import config_for
-    from moe_kernels.measure import UNTUNED_SHAPES
-
+    tree = load_fused_moe_kernel(release_trees("0.21.0+moe"))
+    assert tree.narrow_block_n == 64
     narrowed = set()
     for shape in UNTUNED_SHAPES:
         for M in (*range(1, 17), 24, 32, 48, 64, 128):
@@ -422,19 +442,33 @@ def test_the_backports_default_narrows_block_fp8_tiles_only_where_the_grid_is_re
                 continue
             released, _ = config_for(release_trees("0.21.0"), *args, block_shape=[128, 128])
             assert released["BLOCK_SIZE_N"] == 128
-            swapped = patched["BLOCK_SIZE_M"] < 64
-            pays = swapped and _narrow_grid_pays(shape, M, patched["BLOCK_SIZE_M"], 3)
             wide = released | {"SPLIT_K": 4}
-            assert patched == (wide | {"BLOCK_SIZE_N": 64, "num_stages": 4} if pays else wide)
-            if pays:
-                narrowed.add((shape.name, M))
+            if patched["BLOCK_SIZE_M"] >= 64 or M > 8:
+                assert patched == wide
+                continue
+            assert patched == wide | {"NARROW_TILE_STAGES": 4 if M <= 4 else released["num_stages"]}
+            for gemm in GEMMS:
+                n, k = gemm_dims(shape, gemm)
+                weights = torch.empty(
+                    (shape.experts, n, k), dtype=torch.float8_e4m3fn, device="meta"
+                )
+                rows = launch_programs(shape, gemm, M, patched["BLOCK_SIZE_M"], 128) // -(-n // 128)
+                rows *= patched["BLOCK_SIZE_M"]
+                stages = patched["NARROW_TILE_STAGES"]
+                takes = tree.narrow_tile_rule(
+                    patched, stages, rows, M * shape.topk, weights, torch.device("cpu")
+                )
+                assert takes == _takes_narrow_tile(shape, gemm, M, patched), (shape.name, gemm, M)
+                if takes:
+                    narrowed.add((shape.name, gemm, M))
             tensor, source = config_for(release_trees("0.21.0+moe"), *args)
             if source == "default":
                 assert tensor == config_for(release_trees("0.21.0"), *args)[0] | {"SPLIT_K": 4}
-    # measured on an H200: narrowed, faster than 128 wide; kept wide, 64 wide was slower
-    assert {("minimax-m2-tp4", 1), ("mixtral-8x22b-tp4", 3)} <= narrowed
-    assert not {("glm-4.5-air", 3), ("qwen3-coder-480b-a35b-tp8", 3)} & narrowed
-    assert not any(shape == "mixtral-8x22b-tp4" and M >= 8 for shape, M in narrowed)
+    # measured on an H200 (kernels/results/launch-rules/): narrowed, 64 wide was faster;
+    # kept wide, 128 wide was (split at M = 3; only the wide grid fit at M = 8)
+    assert {("minimax-m2-tp4", "up", 3), ("mixtral-8x22b-tp4", "up", 3)} <= narrowed
+    assert ("deepseek-v2-lite", "down", 1) in narrowed
+    assert not {("qwen3-coder-480b-a35b-tp8", "up", 3), ("mixtral-8x22b-tp4", "up", 8)} & narrowed
 
 
 def test_a_lifted_rule_brings_the_functions_it_calls():
@@ -464,3 +498,24 @@ def rule(x):
     exec("\n\n".join(lifted), namespace)
     assert namespace["rule"](5) == 33
     assert lifted_functions(source, "missing") == []
+
+
+def test_a_table_entry_keeping_the_dispatch_keeps_its_narrow_tile_offer(release_trees, tmp_path):
+    """Where moe-patch tune keeps the tree's own dispatch at an M, the entry it writes
+    must launch as the dispatch did: a block-FP8 decode default's narrow-tile offer is
+    kept, and the tree reads it back from the table unchanged."""
+    from moe_kernels.dispatch import config_for
+    from moe_kernels.measure import SHAPES
+
+    coder = SHAPES["qwen3-coder-480b-a35b-tp8"]
+    args = (4, coder.experts, coder.intermediate, coder.hidden, coder.topk)
+    dispatch, source = config_for(release_trees("0.21.0+moe"), *args, block_shape=[128, 128])
+    assert source == "default" and dispatch["NARROW_TILE_STAGES"] == 4
+    entry = configs.vllm_entry(dispatch)
+    assert entry["NARROW_TILE_STAGES"] == 4 and entry["BLOCK_SIZE_N"] == 128
+    name = "E=160,N=320,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+    (tmp_path / name).write_text(json.dumps({"4": entry}))
+    read, source = config_for(
+        release_trees("0.21.0+moe"), *args, block_shape=[128, 128], config_folder=str(tmp_path)
+    )
+    assert source == f"tuned:{name}[4]" and read == entry

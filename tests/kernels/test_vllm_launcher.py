@@ -53,12 +53,13 @@ class _RecordingKernel:
     """``fused_moe_kernel`` that remembers the grid and pipeline depth of each launch."""
 
     def __init__(self, kernel):
-        self.kernel, self.grids, self.stages = kernel, [], []
+        self.kernel, self.grids, self.stages, self.kwargs = kernel, [], [], []
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.grids.append(grid(kwargs) if callable(grid) else grid)
             self.stages.append(kwargs.get("num_stages"))
+            self.kwargs.append(kwargs)
             return self.kernel[grid](*args, **kwargs)
 
         return launch
@@ -168,4 +169,57 @@ def test_patched_launcher_caps_pipeline_depth_when_swapping(
     assert kernel.stages == [2 if sm90 else 4]  # only the Swap-AB kernel is capped
     assert config["num_stages"] == 4, "the caller's config is left as it was"
     ref = ref_fp8_moe_gemm(a_q, a_s, bq, bs, ids, "tensor", topk_weights=tw, mul_routed_weight=True)
+    assert_gemm_matches(C, ref)
+
+
+# 132 SMs: the narrow grid splits K four ways, one step a slice, so two stages;
+# 5 SMs: the wide grid does not split, three K steps, three stages.
+@pytest.mark.parametrize(
+    ("sm_count", "block_n", "stages"),
+    [(132, 64, 2), (5, 128, 3)],
+    ids=["narrow-fits", "only-wide-fits"],
+)
+def test_patched_launcher_takes_an_offered_narrow_tile_per_launch(
+    release_trees, sm_count, block_n, stages, gen, device
+):
+    """A block-FP8 default config of the 0.20 series offers a 64-wide tile; the real
+    launcher takes it (and the offer never reaches the kernel) unless only the 128-wide
+    grid fits the GPU at once: here N = 512, K = 384 (three K steps, so three stages), six
+    routed pairs on 8 experts (5 expected hit).  On 5 SMs the 20 working 128-wide programs
+    fit (4 an SM at three stages) and the 40 narrow ones do not (7 an SM)."""
+    tree = release_trees("0.21.0+moe")
+    rules = ("narrow_tile_pays", "expected_experts_hit", "resident_programs")
+    found = _functions(tree / FUSED_MOE_REL, rules)
+    assert set(found) == set(rules)
+    invoke, kernel = _launcher(tree, sm_count, True)
+    if device.type == "cpu":
+        interpreter_compat.apply()
+    for source in found.values():  # the launcher calls them only for an offer
+        exec(compile(source, str(tree / FUSED_MOE_REL), "exec"), invoke.__globals__)
+    n, k = 512, 384
+    out_dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    w = make_weights(E, n, k, gen, device)
+    a = make_activations(M, k, gen, device)
+    ids, tw = make_routing(M, TOPK, E, gen, device)
+    bq, bs = quantize_weights(w, "block", [128, 128])
+    a_q, a_s = quantize_activations(a, "block", [128, 128])
+    config = {
+        "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
+        "SPLIT_K": 4, "num_warps": 4, "num_stages": 3, "NARROW_TILE_STAGES": 4,
+    }  # fmt: skip
+    sorted_ids, expert_ids, num_post = prepare_expert_assignment(ids, 16, E, naive=False)
+    C = torch.full((M, TOPK, n), float("nan"), dtype=out_dtype, device=device)
+    invoke(
+        a_q, bq, C, a_s, bs, tw, sorted_ids, expert_ids, num_post, True, TOPK, dict(config),
+        compute_type_for(out_dtype), use_fp8_w8a8=True, use_int8_w8a8=False,
+        use_int8_w8a16=False, use_int4_w4a16=False, per_channel_quant=False,
+        block_shape=[128, 128],
+    )  # fmt: skip
+    (launched,) = kernel.kwargs
+    assert (launched["BLOCK_SIZE_N"], launched["num_stages"]) == (block_n, stages)
+    assert "NARROW_TILE_STAGES" not in launched
+    ref = ref_fp8_moe_gemm(
+        a_q, a_s, bq, bs, ids, "block", topk_weights=tw, mul_routed_weight=True,
+        block_shape=[128, 128],
+    )  # fmt: skip
     assert_gemm_matches(C, ref)
