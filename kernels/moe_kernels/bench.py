@@ -61,6 +61,7 @@ from .measure import (
     record_header,
     routing,
     time_variant,
+    write_report,
 )
 from .quant import quantize_activations
 from .reference import ref_moe_layer_quantized
@@ -331,7 +332,7 @@ def _write(args, argv, variants, bandwidth, rows) -> None:
         "variants": {v.label: str(v.tree) for v in variants},
         "rows": rows,
     }
-    args.out.write_text(json.dumps(report, indent=1))
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -369,6 +370,14 @@ def _portable(arg: str) -> str:
             value = f"{shown}/{rel}" if shown else rel
             break
     return f"{prefix}{sep}{value}"
+
+
+def write_report(path: Path, report: dict) -> None:
+    """Write a result file whole or not at all: a run written after every case and
+    stopped at a device call's time limit keeps its last complete file."""
+    partial = path.with_name(path.name + ".part")
+    partial.write_text(json.dumps(report, indent=1))
+    partial.replace(path)
 
 
 def record_header(module: str, argv: list[str] | None) -> dict:

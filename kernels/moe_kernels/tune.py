@@ -17,7 +17,8 @@ config that wins on one draw can lose on the next.
 ``--seeded-by EARLIER.json`` re-times, instead of the whole grid, the ``--top``
 fastest correct configs each cell had in an earlier search (another tree's
 kernel, say), with their 8-token twins at M <= 8: a few minutes instead of an
-hour, for a kernel that computes the same tiles the same way.
+hour, for a kernel that computes the same tiles the same way.  An M the earlier
+search did not cover is seeded from its nearest searched M on either side.
 
     python -m moe_kernels.tune --tree 0.33.0+moe=/path --seeded-by tune-0.21.json --out t.json
 
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import time
 from pathlib import Path
@@ -66,6 +66,7 @@ from .measure import (
     routing,
     sm_count,
     time_variant,
+    write_report,
 )
 
 DECODE_M = (1, 2, 4, 8, 16, 32, 64)
@@ -173,25 +174,41 @@ def seeded_candidates(
     earlier: list[dict], shape_name: str, quant: str, M: int, top: int, widen: bool = False
 ):
     """The ``top`` fastest correct configs of cell (shape, quant, M) in an earlier
-    search, and at M <= 8 the same configs with 8-token tiles.  ``SWAP_AB`` keys are
-    dropped: every seed is a Swap-AB tile, which the launcher's rule swaps anyway,
-    and upstream's launcher (0.25+) takes no such key from a config."""
+    search, and at M <= 8 the same configs with 8-token tiles.  Where the earlier
+    search has no cell at M, the ``top`` of each of its nearest cells below and
+    above M: a table without an entry at M launches one of theirs (vLLM takes the
+    nearest entry), and vLLM's CUDA-graph sizes (24, 40, 48, 56, ...) fall between
+    the searched powers of two.  ``SWAP_AB`` keys are dropped: every seed is a
+    Swap-AB tile, which the launcher's rule swaps anyway, and upstream's launcher
+    (0.25+) takes no such key from a config."""
     shape = SHAPES[shape_name]
-    timed = [
-        t
-        for cell in earlier
-        if (cell["shape"], cell["quant"], cell["M"]) == (shape_name, quant, M)
-        for t in cell["all"]
-        if t["correct"]
-    ]
+    searched = {
+        cell["M"] for cell in earlier if (cell["shape"], cell["quant"]) == (shape_name, quant)
+    }
+    if M in searched:
+        seed_ms = [M]
+    else:
+        below, above = [m for m in searched if m < M], [m for m in searched if m > M]
+        seed_ms = ([max(below)] if below else []) + ([min(above)] if above else [])
     seeds: dict[tuple, dict] = {}
-    for t in sorted(timed, key=lambda t: t["us"]):
-        config = {k: v for k, v in t["config"].items() if k != "SWAP_AB"}
-        if not config["BLOCK_SIZE_M"] < 64 <= config["BLOCK_SIZE_N"]:
-            continue
-        seeds.setdefault(_config_key(config), config)
-        if len(seeds) == top:
-            break
+    for seed_m in seed_ms:
+        timed = [
+            t
+            for cell in earlier
+            if (cell["shape"], cell["quant"], cell["M"]) == (shape_name, quant, seed_m)
+            for t in cell["all"]
+            if t["correct"]
+        ]
+        taken = 0
+        for t in sorted(timed, key=lambda t: t["us"]):
+            config = {k: v for k, v in t["config"].items() if k != "SWAP_AB"}
+            if not config["BLOCK_SIZE_M"] < 64 <= config["BLOCK_SIZE_N"]:
+                continue
+            if _config_key(config) not in seeds:
+                seeds[_config_key(config)] = config
+                taken += 1
+            if taken == top:
+                break
     out = dict(seeds)
     if M <= 8:
         for config in seeds.values():
@@ -366,16 +383,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write(args, argv, bandwidth, results) -> None:
-    args.out.write_text(
-        json.dumps(
-            {
-                **record_header("moe_kernels.tune", argv),
-                "method": {"replays": TUNE_REPLAYS, "warmup_replays": WARMUP_REPLAYS},
-                "bandwidth": bandwidth,
-                "results": results,
-            },
-            indent=1,
-        )
+    write_report(
+        args.out,
+        {
+            **record_header("moe_kernels.tune", argv),
+            "method": {"replays": TUNE_REPLAYS, "warmup_replays": WARMUP_REPLAYS},
+            "bandwidth": bandwidth,
+            "results": results,
+        },
     )
 
 

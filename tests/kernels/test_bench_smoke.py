@@ -317,3 +317,32 @@ def test_topk_sum_kernel_adds_every_expert_row():
     out = torch.full((5, 300), float("nan"), dtype=x.dtype, device=measure.DEVICE)
     topk_sum(x, out)  # 300 of a 1024-wide block: the mask keeps the rest out
     assert torch.allclose(out.double(), x.double().sum(dim=1), rtol=1e-2, atol=1e-2)
+
+
+def test_an_m_the_earlier_search_skipped_is_seeded_from_its_nearest_neighbours():
+    """vLLM's CUDA-graph sizes (24, 40, ...) fall between the searched powers of two: such
+    an M takes the best configs of the nearest searched M on each side, once each."""
+    from moe_kernels import tune
+
+    tile = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
+            "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}  # fmt: skip
+    wide, deep, far = (
+        {**tile, "BLOCK_SIZE_N": 128},
+        {**tile, "num_stages": 4},
+        {**tile, "num_warps": 8},
+    )
+    earlier = [
+        _cell("deepseek-v3-tp8", "tensor", 8, (far, 1.0)),  # not the nearest below
+        _cell("deepseek-v3-tp8", "tensor", 16, (tile, 2.0), (wide, 3.0)),
+        _cell("deepseek-v3-tp8", "tensor", 32, (tile, 4.0), (deep, 5.0)),
+        _cell("deepseek-v3-tp8", "block", 24, (far, 1.0)),  # another quantisation
+    ]
+    assert tune.seeded_candidates(earlier, "deepseek-v3-tp8", "tensor", 24, top=2) == [
+        tile,
+        wide,
+        deep,
+    ]
+    # an M that was searched keeps its own cell; past the last one, the nearest below
+    assert tune.seeded_candidates(earlier, "deepseek-v3-tp8", "tensor", 16, top=1) == [tile]
+    assert tune.seeded_candidates(earlier, "deepseek-v3-tp8", "tensor", 64, top=2) == [tile, deep]
+    assert tune.seeded_candidates(earlier, "qwen3-30b-a3b", "tensor", 24, top=2) == []
