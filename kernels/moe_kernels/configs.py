@@ -17,6 +17,10 @@ named by the tree's own ``get_config_file_name``):
   Where nothing keeps pace, the fastest pair is chosen as before.  A search
   with peers given after another one for the same M only vetoes: the earlier
   choice stays unless it falls behind a peer and something searched does not;
+* a shipped file without an entry at a searched M (vLLM's CUDA-graph sizes 40 or
+  56, say) gets one where the search kept the tree's own: the shipped entry the
+  tree launched there (the nearest), so a neighbour the series replaced does not
+  take that M over;
 * a new file holds the searched token counts (the winner, or the tree's
   default when nothing beat it by ``MIN_GAIN``) and, for larger batches,
   the tree's own default at vLLM's usual batch sizes, so the file changes
@@ -148,6 +152,13 @@ def chosen(row: dict) -> tuple[dict | None, str]:
     return vllm_entry(best["config"]), f"{best['us']:.1f} us vs own {own['us']:.1f} us{unmatched}"
 
 
+def nearest_entry(table: dict, M: int) -> str:
+    """The key of the entry vLLM's lookup takes for M: the nearest token count, the
+    smaller one of two as near (``min`` over the keys in the file's order)."""
+    keys = [k for k in table if k.isdigit()]
+    return min(keys, key=lambda k: abs(int(k) - M))
+
+
 def _default(ns: dict, shape, block: list[int] | None, M: int) -> dict:
     """The tree's own default config for M, as a table entry."""
     config = ns["get_default_config"](
@@ -183,6 +194,7 @@ def build_files(tree: Path, rows: dict) -> dict[str, tuple[dict, bool, list[str]
             table, newline = json.loads(text), text.endswith("\n")
         else:
             table, newline = {}, True
+        released = dict(table)
 
         searched = sorted(M for s, q, M in rows if (s, q) == (shape_name, quant))
         for M in searched:
@@ -197,6 +209,12 @@ def build_files(tree: Path, rows: dict) -> dict[str, tuple[dict, bool, list[str]
                 table[str(M)] = entry
             elif not shipped.exists():
                 table[str(M)] = _default(ns, shape, block, M)
+            elif str(M) not in released:
+                # The tree launched its nearest entry here; pinned, so the entries
+                # tuned at the neighbouring token counts do not take over this M.
+                nearest = nearest_entry(released, M)
+                table[str(M)] = released[nearest]
+                why += f"; the shipped M={nearest} entry pinned at M={M}"
             log.append(f"M={M}: {'tuned' if entry else 'kept'} ({why})")
         if not shipped.exists():
             for M in LARGER_M:

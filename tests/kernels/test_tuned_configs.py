@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import itertools
 import json
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,9 +30,20 @@ from moe_kernels.loader import FUSED_MOE_REL, tree_constants
 
 RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results" / "provenance"
 CONFIGS_REL = FUSED_MOE_REL.parent / "configs"
+# vLLM's CUDA-graph sizes between the searched powers of two (24, 40, 48, 56)
+CAPTURE_SEARCHES = [
+    "h200-tune-capture-tensor.json",
+    "h200-tune-capture-block.json",
+    "h200-tune-capture-48-56.json",
+]
 # Later files win for the cells they searched.
 SEARCHES = {
-    "0.21.0": ["h200-tune-joint.json", "h200-tune-decode-0.21.json", "h200-tune-peers-0.21.json"],
+    "0.21.0": [
+        "h200-tune-joint.json",
+        "h200-tune-decode-0.21.json",
+        "h200-tune-peers-0.21.json",
+        *CAPTURE_SEARCHES,
+    ],
     "0.33.0": ["h200-tune-split-k-0.33.json"],
 }
 
@@ -100,6 +112,28 @@ def test_tables_keep_what_the_search_did_not_beat(release_trees):
         default = ns["get_default_config"](M, 128, 768, 2048, 8, "fp8_w8a8", None)
         assert table[str(M)] == configs.vllm_entry(default), M
     assert "SPLIT_K" not in table["8"]  # a default's SPLIT_K of 1 is not written
+
+
+def test_a_kept_m_between_shipped_entries_is_pinned_to_the_entry_it_launched(release_trees):
+    """vLLM takes the nearest entry (the smaller of two as near): where a search at such an
+    M kept the tree's own, the file gets that shipped entry at M, so a neighbour the
+    series replaces cannot take the M over; an M the file has stays as shipped."""
+    tree = release_trees("0.21.0")
+    name = "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"
+    shipped = json.loads((tree / CONFIGS_REL / name).read_text())
+    assert {"24", "32", "48"} <= set(shipped) and not {"40", "56"} & set(shipped)
+    rows = {
+        ("mixtral-8x7b", "tensor", M): _row("mixtral-8x7b", "tensor", M, 100.0, 99.0, SWAP_TILE)
+        for M in (32, 40, 56)
+    }  # every search within the noise: the tree's own is kept
+    table, _, log = configs.build_files(tree, rows)[name]
+    assert table["40"] == shipped["32"]  # 32 and 48 are as near: vLLM takes the smaller
+    assert table["56"] == shipped["48"]
+    assert {k: v for k, v in table.items() if k not in ("40", "56")} == shipped
+    assert list(table) == sorted(table, key=int)  # in vLLM's order
+    assert "M=40: kept" in log[1] and "shipped M=32 entry pinned" in log[1]
+    assert "pinned" not in log[0]
+    assert configs.nearest_entry({"1": 0, "2": 0, "4": 0}, 3) == "2"
 
 
 def _timed(up: float, down: float, stages: int = 3) -> dict:
@@ -519,3 +553,25 @@ def test_a_table_entry_keeping_the_dispatch_keeps_its_narrow_tile_offer(release_
         release_trees("0.21.0+moe"), *args, block_shape=[128, 128], config_folder=str(tmp_path)
     )
     assert source == f"tuned:{name}[4]" and read == entry
+
+
+def test_committed_capture_size_report_is_the_studys_and_backs_the_patch_message():
+    """The searches at 24, 40, 48 and 56 tokens: the committed report is what
+    studies.capture_sizes makes of them, and its summary is what the swap-ab patch
+    message says (none of the 32 cells below 0.98x of the series before or a release)."""
+    from studies import capture_sizes
+
+    names = CAPTURE_SEARCHES
+    runs = [json.loads((RESULTS / n).read_text()) for n in names]
+    found = capture_sizes.cells(runs)
+    committed = (RESULTS.parent / "capture-sizes" / "h200-capture-sizes.md").read_text()
+    assert committed == capture_sizes.markdown(names, found)
+    assert len(found) == 32 and all(
+        t["correct"] for run in runs for row in run["results"] for t in row["all"]
+    )
+    for peer, geomean in (("0.21.0+moe", 1.016), ("0.21.0", 1.101), ("0.33.0", 1.029)):
+        ratios = [c[peer] / c["us"] for c in found]
+        assert round(statistics.geometric_mean(ratios), 3) == geomean
+        assert min(ratios) >= 0.98
+    best = max(found, key=lambda c: c["0.21.0+moe"] / c["us"])
+    assert (best["shape"], best["quant"], best["M"]) == ("deepseek-v3-tp8", "block", 40)
