@@ -573,5 +573,7 @@ def test_committed_capture_size_report_is_the_studys_and_backs_the_patch_message
         ratios = [c[peer] / c["us"] for c in found]
         assert round(statistics.geometric_mean(ratios), 3) == geomean
         assert min(ratios) >= 0.98
+        if peer != "0.21.0+moe":  # neither GEMM of a cell more than 2% behind a release
+            assert min(c["gemm"][peer] for c in found) >= 0.98
     best = max(found, key=lambda c: c["0.21.0+moe"] / c["us"])
     assert (best["shape"], best["quant"], best["M"]) == ("deepseek-v3-tp8", "block", 40)
