@@ -24,6 +24,7 @@ import platform
 import re
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -372,12 +373,22 @@ def _portable(arg: str) -> str:
     return f"{prefix}{sep}{value}"
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one step: a reader sees the old file or the new."""
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
 def write_report(path: Path, report: dict) -> None:
     """Write a result file whole or not at all: a run written after every case and
     stopped at a device call's time limit keeps its last complete file."""
-    partial = path.with_name(path.name + ".part")
-    partial.write_text(json.dumps(report, indent=1))
-    partial.replace(path)
+    write_atomically(path, json.dumps(report, indent=1))
 
 
 def record_header(module: str, argv: list[str] | None) -> dict:

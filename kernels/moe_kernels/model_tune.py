@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -33,7 +31,15 @@ import torch
 from .configs import BLOCK_SHAPE, LARGER_M, MIN_GAIN, vllm_entry
 from .dispatch import config_for, device_name, tree_selection
 from .loader import load_fused_moe_kernel
-from .measure import DEVICE, Shape, Variant, environment, make_weights, series_version
+from .measure import (
+    DEVICE,
+    Shape,
+    Variant,
+    environment,
+    make_weights,
+    series_version,
+    write_atomically,
+)
 from .tune import GEMMS, candidates, draw_routings, joint_time
 
 STATE_NAME = "moe-patch-tune.json"
@@ -57,18 +63,6 @@ def dispatch_config(tree: Path, shape: Shape, quant: str, M: int) -> dict:
         block_shape(quant),
     )  # fmt: skip
     return config
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one step: a reader sees the old file or the new."""
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
 
 
 def earlier_results(out: Path, inputs: dict) -> dict:
