@@ -26,6 +26,8 @@ from statistics import geometric_mean
 
 from moe_kernels.configs import as_launch, chosen
 
+from studies import emit
+
 SERIES_BEFORE = "0.21.0+moe"  # the peer that ran the series' tables as they were
 RELEASES = ("0.21.0", "0.33.0")
 
@@ -113,10 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs = [json.loads(p.read_text()) for p in args.runs]
     text = markdown([p.name for p in args.runs], cells(runs))
-    if args.out:
-        args.out.write_text(text)
-    else:
-        sys.stdout.write(text)
+    emit(text, args.out)
     return 0
 
 

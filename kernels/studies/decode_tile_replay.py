@@ -42,6 +42,8 @@ from moe_kernels.launch import (
 from moe_kernels.loader import load_fused_moe_kernel
 from moe_kernels.measure import SHAPES, gemm_dims
 
+from studies import emit
+
 SM_COUNT = 132
 BLOCK_SHAPE = [128, 128]
 RELEASES = ("0.21.0", "0.33.0")
@@ -210,10 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     label, _, path = args.tree.rpartition("=")
     runs = [json.loads(p.read_text()) for p in args.runs]
     text = markdown(label or path, [p.name for p in args.runs], replay(Path(path), runs))
-    if args.out:
-        args.out.write_text(text)
-    else:
-        sys.stdout.write(text)
+    emit(text, args.out)
     return 0
 
 
