@@ -51,7 +51,7 @@ from triton.runtime.errors import OutOfResources
 from .align import max_num_tokens_padded, use_naive_block_assignment
 from .configs import as_launch, load_results
 from .launch import patched_split_k, token_rows_launched
-from .loader import load_fused_moe_kernel
+from .loader import CPU_SM_COUNT, load_fused_moe_kernel
 from .measure import (
     DEVICE,
     SHAPE_GROUPS,
@@ -72,7 +72,6 @@ from .measure import (
 DECODE_M = (1, 2, 4, 8, 16, 32, 64)
 GEMMS = ("up", "down")
 TUNE_REPLAYS = 6
-SM_COUNT_FALLBACK = 132  # an H200's, so the interpreter splits where the GPU would
 
 # The search space: weight tiles of 64 or 128 rows on the MMA's M side, 8 to 32
 # tokens on its N side (token_tiles), K tiles deep enough to keep HBM busy,
@@ -89,13 +88,18 @@ WIDE_STAGES = (2, 3, 4)
 WIDE_TILES_N = ((64, 4), (128, 4), (128, 8), (256, 8))
 
 
-def launch_programs(shape, gemm: str, M: int, block_m: int, block_n: int) -> int:
-    """Programs vLLM's launcher starts for one GEMM of the layer at M tokens."""
+def launched_rows(shape, gemm: str, M: int, block_m: int) -> int:
+    """The token rows vLLM's launcher sizes one GEMM's grid for at M tokens (``EM``)."""
     rows = M if gemm == "up" else M * shape.topk
     top_k = shape.topk if gemm == "up" else 1
     naive = use_naive_block_assignment(M, shape.topk, shape.experts)
     sorted_len = None if naive else max_num_tokens_padded(M * shape.topk, block_m, shape.experts)
-    em = token_rows_launched(rows, top_k, block_m, sorted_len)
+    return token_rows_launched(rows, top_k, block_m, sorted_len)
+
+
+def launch_programs(shape, gemm: str, M: int, block_m: int, block_n: int) -> int:
+    """Programs vLLM's launcher starts for one GEMM of the layer at M tokens."""
+    em = launched_rows(shape, gemm, M, block_m)
     return -(-em // block_m) * -(-gemm_dims(shape, gemm)[0] // block_n)
 
 
@@ -104,7 +108,7 @@ def splits_anywhere(shape, M: int, config: dict) -> bool:
     swap-ab patch's rule: a small or unevenly loaded grid, the latter only with a long K
     loop).  Elsewhere a SPLIT_K candidate would time the same launches as its unsplit
     twin."""
-    sms = sm_count(SM_COUNT_FALLBACK)
+    sms = sm_count(CPU_SM_COUNT)  # an H200's without a GPU: split where it would
     block_m, block_n = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]
     block_k = config["BLOCK_SIZE_K"]  # block scales clamp it to 128: candidates use 128
     return any(

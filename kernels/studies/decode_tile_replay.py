@@ -31,20 +31,14 @@ from pathlib import Path
 from statistics import geometric_mean
 
 import torch
-from moe_kernels.align import max_num_tokens_padded, use_naive_block_assignment
 from moe_kernels.dispatch import config_for
-from moe_kernels.launch import (
-    patched_pipeline_depth,
-    patched_resident_depth,
-    patched_split_k,
-    token_rows_launched,
-)
-from moe_kernels.loader import load_fused_moe_kernel
+from moe_kernels.launch import patched_pipeline_depth, patched_resident_depth, patched_split_k
+from moe_kernels.loader import CPU_SM_COUNT, load_fused_moe_kernel
 from moe_kernels.measure import SHAPES, gemm_dims
+from moe_kernels.tune import launched_rows
 
 from studies import emit
 
-SM_COUNT = 132
 BLOCK_SHAPE = [128, 128]
 RELEASES = ("0.21.0", "0.33.0")
 SERIES = "0.21.0+moe"  # the series variant each run measured
@@ -52,14 +46,6 @@ SERIES = "0.21.0+moe"  # the series variant each run measured
 # cannot reproduce: d1f75ea, before resident_depth_for.
 WITHOUT_DEPTH_RULES = ("0.21.0+s20",)
 FLOOR = 0.98
-
-
-def _launched_rows(shape, gemm: str, M: int, block_m: int) -> int:
-    """The token rows vLLM's launcher sizes one GEMM's grid for (``EM``)."""
-    rows, top_k = (M, shape.topk) if gemm == "up" else (M * shape.topk, 1)
-    naive = use_naive_block_assignment(M, shape.topk, shape.experts)
-    sorted_len = None if naive else max_num_tokens_padded(M * shape.topk, block_m, shape.experts)
-    return token_rows_launched(rows, top_k, block_m, sorted_len)
 
 
 def launch(config: dict, shape, gemm: str, M: int, split_k: int | None = None, tree=None) -> tuple:
@@ -71,19 +57,21 @@ def launch(config: dict, shape, gemm: str, M: int, split_k: int | None = None, t
     n, k = gemm_dims(shape, gemm)
     narrow_stages = config.pop("NARROW_TILE_STAGES", None)
     if narrow_stages is not None and tree is not None and tree.narrow_tile_rule is not None:
-        rows = _launched_rows(shape, gemm, M, config["BLOCK_SIZE_M"])
+        rows = launched_rows(shape, gemm, M, config["BLOCK_SIZE_M"])
         weights = torch.empty((shape.experts, n, k), dtype=torch.float8_e4m3fn, device="meta")
         device = torch.device("cpu")  # the lifted rule then sees an H200's SM count
         if tree.narrow_tile_rule(config, narrow_stages, rows, M * shape.topk, weights, device):
             config["BLOCK_SIZE_N"], config["num_stages"] = tree.narrow_block_n, narrow_stages
     block_m, block_n = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]
-    programs = -(-_launched_rows(shape, gemm, M, block_m) // block_m) * -(-n // block_n)
+    programs = -(-launched_rows(shape, gemm, M, block_m) // block_m) * -(-n // block_n)
     stages = config["num_stages"]
     if split_k is None:
-        split_k = patched_split_k(True, config.get("SPLIT_K", 1), programs, -(-k // 128), SM_COUNT)
+        split_k = patched_split_k(
+            True, config.get("SPLIT_K", 1), programs, -(-k // 128), CPU_SM_COUNT
+        )
         stages = patched_pipeline_depth(stages, k, 128, split_k)
         stage_bytes = (block_m + block_n) * 128
-        stages = patched_resident_depth(stages, programs * split_k, stage_bytes, SM_COUNT)
+        stages = patched_resident_depth(stages, programs * split_k, stage_bytes, CPU_SM_COUNT)
     return (block_m, block_n, config["GROUP_SIZE_M"], config["num_warps"], stages, split_k)
 
 
