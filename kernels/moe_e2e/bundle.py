@@ -8,7 +8,9 @@ pieces.  The payload holds:
 
 * the official vLLM wheel of the release (moe-patch's own download, checked against the index's
   sha256) as byte segments: every byte except the members named by ``--drop`` (by default the
-  FlashAttention-2 extension, 81 MB that Hopper never loads: vLLM uses FlashAttention 3 there);
+  FlashAttention-2 extension, 81 MB that Hopper never loads: vLLM uses FlashAttention 3 there),
+  the API server's Swagger page script and the extension modules built for other Pythons than
+  the GPU machine's (DeepGEMM ships one per CPython version);
   ``moe_e2e.stage`` re-creates the wheel with the dropped spans zeroed and installs every other
   member after checking it against the wheel's own RECORD;
 * the members in which the wheel that ``moe-patch wheel`` builds differs from the official one
@@ -29,6 +31,7 @@ import hashlib
 import io
 import json
 import lzma
+import re
 import subprocess
 import sys
 import tarfile
@@ -90,6 +93,11 @@ GPU_PLATFORMS = (
     "manylinux1_x86_64",
 )
 DEFAULT_DROP = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",)
+# Left out too where the wheel has them: the API server's Swagger page script (no engine
+# serves that page here)...
+UNUSED_ASSETS = ("vllm/entrypoints/serve/instrumentator/static/swagger-ui-bundle.js",)
+# ...and extension modules for a CPython other than the GPU machine's (``.cpython-312-``).
+VERSIONED_EXTENSION = re.compile(r"\.cpython-(\d+)-[^/]*\.so$")
 BENCH_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "tiny-qwen3-moe")
 
 
@@ -122,6 +130,19 @@ def member_span(archive: zipfile.ZipFile, info: zipfile.ZipInfo, size: int) -> t
     offsets = sorted(i.header_offset for i in archive.infolist()) + [archive.start_dir, size]
     end = min(o for o in offsets if o > info.header_offset)
     return info.header_offset, end
+
+
+def unused_members(wheel: Path, python_version: str) -> tuple[str, ...]:
+    """Members no engine on the GPU machine's ``python_version`` loads: ``UNUSED_ASSETS`` and
+    extension modules built for another CPython."""
+    tag = python_version.replace(".", "")
+    with zipfile.ZipFile(wheel) as archive:
+        return tuple(
+            name
+            for name in archive.namelist()
+            if name in UNUSED_ASSETS
+            or ((found := VERSIONED_EXTENSION.search(name)) and found.group(1) != tag)
+        )
 
 
 def kept_segments(wheel: Path, drop: tuple[str, ...]) -> tuple[list[list[int]], list[str]]:
@@ -281,7 +302,8 @@ def build(
         settings = Settings.resolve(index_url=index_url)
         result = build_patched(vllm, scratch / "dist", platform=platform, settings=settings)
         official, dist = wheels.official_wheel(result.vllm, platform, index_url)
-        segments, dropped = kept_segments(official, tuple(drop))
+        drop = (*drop, *unused_members(official, python_version))
+        segments, dropped = kept_segments(official, drop)
         overlay, changed = patched_overlay(official, Path(result.path))
         requirements = list(ENGINE_DEPENDENCIES)
         if with_flashinfer:
@@ -308,6 +330,11 @@ def build(
             },
             "dependencies": {w.name: sha256_file(w) for w in deps},
             "flashinfer_aot": {library.name: sha256_file(library) for library in flashinfer_aot},
+            "flashinfer_aot_builds": {
+                library.name: json.loads(library.with_suffix(".json").read_text())
+                for library in flashinfer_aot
+                if library.with_suffix(".json").is_file()
+            },
             "python_version": python_version,
         }
         payload = scratch / "payload.tar"

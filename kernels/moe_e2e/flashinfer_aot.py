@@ -1,15 +1,24 @@
 """Build FlashInfer's SM90 CUTLASS fused-MoE module on a machine without a GPU.
 
-    python -m moe_e2e.flashinfer_aot --vllm 0.21 --out .e2e/flashinfer [--jobs 2]
+    python -m moe_e2e.flashinfer_aot --vllm 0.21 --out .e2e/flashinfer [--jobs 2] [--kernels all]
 
 With FlashInfer installed, vLLM 0.21.0 sends per-tensor FP8 MoE with static activation scales
 on Hopper to FlashInfer's CUTLASS MoE GEMMs, which FlashInfer compiles with nvcc on first use:
-182 translation units (about 2 minutes and 6 GB each on one core), more than a GPU session
-can spend.  This builds the same module ahead of time, at the FlashInfer version the release
+181 translation units (up to about 2 minutes and 6 GB each on one core), more than a GPU
+session can spend.  This builds the same module ahead of time, at the FlashInfer version the release
 pins, with FlashInfer's own build description (its ``gen_cutlass_fused_moe_sm90_module``
 writes the ninja file) and this machine's nvcc, which must be the GPU machine's major version.
 ``moe_e2e.bundle --flashinfer-aot OUT/fused_moe_90.so`` carries the library into FlashInfer's
 ahead-of-time folder on the GPU machine, where FlashInfer loads it instead of compiling.
+
+``--kernels fp8`` (the default) compiles the translation units the FP8 x FP8 path needs: the
+runner, the bindings and helpers, and of the kernel-instantiation units (FlashInfer's generated
+CUTLASS instantiations, one ``MoeGemmRunner`` file per data-type pair) only those that
+instantiate FP8 x FP8 kernels: 32 of 181 units for FlashInfer 0.6.8.post1, every FP8 x FP8
+grouped-GEMM tile of the full module.  The other data types' kernels, which no FP8 engine
+calls, are replaced by stubs that end the process naming the symbol if anything ever calls
+one, so an FP8 engine runs the same kernels as with the full module or stops loudly.
+``--kernels all`` builds FlashInfer's module unchanged (about six core-hours).
 
 The build runs in ``--work`` (default: a folder in the user cache), so an interrupted build
 resumes where it stopped: ninja keeps every finished object.  What the headers need that the
@@ -31,6 +40,15 @@ from pathlib import Path
 
 MODULE = "fused_moe_90"
 ARCH = "9.0a"
+KERNEL_SETS = ("fp8", "all")
+# Units that only instantiate kernels for some data types: FlashInfer's generated CUTLASS
+# instantiations and its MoeGemmRunner<activation, weight, output> files.
+INSTANTIATION_UNIT = re.compile(r"(?:/moe_gemm_kernels_\w+\.cu|\.generated\.cu)$")
+FP8_PAIR = re.compile(r"__nv_fp8_e4m3\s*,\s*__nv_fp8_e4m3\b")
+# Mangled names in TensorRT-LLM's namespace, where the left-out units define everything:
+# functions, const members, vtables, typeinfo and guard variables.
+TRTLLM_SYMBOL = re.compile(r"^_Z(?:T[VIS]|GV)?NK?12tensorrt_llm")
+BUILD_LINE = re.compile(r"^build (\S+): (\w+) (.+)$")
 # What imports FlashInfer's build description (not what the built library links).
 IMPORT_PACKAGES = ("ninja", "nvidia-ml-py", "einops", "tabulate", "tqdm")
 # Headers and the NVRTC library the CUDA sources include and link, for CUDA 13.
@@ -140,7 +158,124 @@ def write_ninja(env: dict) -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def build(vllm: str, out: Path, work: Path | None, jobs: int, index_url: str | None) -> dict:
+def ninja_units(build_dir: Path) -> tuple[list[tuple[str, str]], str]:
+    """The (object, source) pairs FlashInfer's ninja file compiles, and its library target."""
+    units, library = [], None
+    for line in (build_dir / "build.ninja").read_text().splitlines():
+        found = BUILD_LINE.match(line)
+        if not found:
+            continue
+        target, rule, inputs = found.groups()
+        if rule == "link":
+            library = target
+        else:
+            units.append((target, inputs.strip()))
+    if library is None or not units:
+        raise BuildError(f"{build_dir / 'build.ninja'} has no library to link")
+    return units, library
+
+
+def fp8_units(units: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """Objects an FP8 x FP8 engine needs, and the kernel-instantiation units left out."""
+    kept, left_out = [], []
+    for target, source in units:
+        if INSTANTIATION_UNIT.search(source) and not FP8_PAIR.search(Path(source).read_text()):
+            left_out.append(source)
+        else:
+            kept.append(target)
+    return kept, left_out
+
+
+def nm_symbols(objects: list[str], *flags: str) -> set[str]:
+    result = subprocess.run(["nm", *flags, *objects], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError("nm failed: " + (result.stderr.strip().splitlines() or ["?"])[-1])
+    return {fields[-1] for fields in map(str.split, result.stdout.splitlines()) if fields}
+
+
+def missing_symbols(objects: list[str]) -> list[str]:
+    """TensorRT-LLM symbols the kept objects use and none of them defines: what the left-out
+    kernel-instantiation units would have defined."""
+    undefined = nm_symbols(objects, "--undefined-only", "--no-sort")
+    defined = nm_symbols(objects, "--defined-only", "--no-sort")
+    return sorted(s for s in undefined - defined if TRTLLM_SYMBOL.match(s))
+
+
+def stub_source(symbols: list[str]) -> str:
+    lines = [
+        "// Written by moe_e2e.flashinfer_aot for an FP8-only build of FlashInfer's fused_moe_90:",
+        "// one function per symbol of the kernel units it left out.  Calling one ends the process.",
+        "#include <cstdio>",
+        "#include <cstdlib>",
+        "",
+        "[[noreturn]] static void moe_e2e_not_built(const char* symbol) {",
+        '  std::fprintf(stderr, "fused_moe_90 built with --kernels fp8 by moe_e2e.flashinfer_aot "',
+        '               "has no %s: rebuild with --kernels all\\n", symbol);',
+        "  std::abort();",
+        "}",
+        "",
+    ]
+    for number, symbol in enumerate(symbols):
+        lines += [
+            f'extern "C" void moe_e2e_stub_{number}() __asm__("{symbol}");',
+            f'void moe_e2e_stub_{number}() {{ moe_e2e_not_built("{symbol}"); }}',
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def run_ninja(ninja: Path, build_dir: Path, jobs: int, env: dict, *args: str) -> None:
+    command = [str(ninja), "-C", str(build_dir), "-k", "0", "-j", str(jobs), *args]
+    if subprocess.run(command, env=env).returncode != 0:
+        raise BuildError(f"ninja failed in {build_dir} (run again to resume; its log says why)")
+
+
+def build_fp8_only(ninja: Path, build_dir: Path, jobs: int, env: dict) -> tuple[Path, dict]:
+    """Compile the FP8 x FP8 units, stub what the others define, link; the library and facts."""
+    units, library = ninja_units(build_dir)
+    kept, left_out = fp8_units(units)
+    run_ninja(ninja, build_dir, jobs, env, *kept)
+    symbols = missing_symbols(kept)
+    subset = build_dir / "fp8-only"
+    subset.mkdir(exist_ok=True)
+    stubs = subset / "not_built_stubs.cpp"
+    stubs.write_text(stub_source(symbols))
+    output = subset / Path(library).name
+    text = (build_dir / "build.ninja").read_text()
+    link = next(line for line in text.splitlines() if line.startswith(f"build {library}: link "))
+    objects = " ".join([*kept, str(subset / "not_built_stubs.o")])
+    text = text.replace(
+        link,
+        f"build {subset / 'not_built_stubs.o'}: compile {stubs}\nbuild {output}: link {objects}",
+    )
+    text = re.sub(r"^default .*$", f"default {output}", text, flags=re.MULTILINE)
+    (subset / "build.ninja").write_text(text)
+    run_ninja(ninja, build_dir, jobs, env, "-f", str(subset / "build.ninja"), str(output))
+    unresolved = [
+        s
+        for s in nm_symbols([str(output)], "--dynamic", "--undefined-only")
+        if TRTLLM_SYMBOL.match(s)
+    ]
+    if unresolved:
+        raise BuildError(
+            f"{output.name} still lacks {len(unresolved)} symbols, e.g. {unresolved[0]}"
+        )
+    facts = {
+        "units_built": len(kept),
+        "units_in_module": len(units),
+        "units_left_out": sorted(Path(source).name for source in left_out),
+        "stubbed_symbols": len(symbols),
+    }
+    return output, facts
+
+
+def build(
+    vllm: str,
+    out: Path,
+    work: Path | None,
+    jobs: int,
+    index_url: str | None,
+    kernels: str = "fp8",
+) -> dict:
     from moe_patch import wheel as wheels
     from moe_patch.trees import resolve_version
 
@@ -159,10 +294,13 @@ def build(vllm: str, out: Path, work: Path | None, jobs: int, index_url: str | N
     build_dir = write_ninja(env)
     ninja = paths["site"] / "bin" / "ninja"
     started = time.monotonic()
-    result = subprocess.run([str(ninja), "-C", str(build_dir), "-k", "0", "-j", str(jobs)], env=env)
-    library = build_dir / f"{MODULE}.so"
-    if result.returncode != 0 or not library.exists():
-        raise BuildError(f"ninja failed in {build_dir} (run again to resume; its log says why)")
+    if kernels == "fp8":
+        library, facts = build_fp8_only(ninja, build_dir, jobs, env)
+    else:
+        run_ninja(ninja, build_dir, jobs, env)
+        library, facts = build_dir / f"{MODULE}.so", {}
+    if not library.exists():
+        raise BuildError(f"ninja made no {library.name} in {library.parent}")
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy2(library, out / library.name)
     summary = {
@@ -171,6 +309,8 @@ def build(vllm: str, out: Path, work: Path | None, jobs: int, index_url: str | N
         "vllm": vllm,
         "nvcc": nvcc,
         "arch": ARCH,
+        "kernels": kernels,
+        **facts,
         "file": library.name,
         "sha256": sha256_file(out / library.name),
         "size": library.stat().st_size,
@@ -189,17 +329,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="build folder (resumable)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--index-url", default=None, help="package index (default: pip's)")
+    parser.add_argument(
+        "--kernels",
+        choices=KERNEL_SETS,
+        default="fp8",
+        help="fp8: the FP8 x FP8 kernels an FP8 engine runs, the rest stubbed (default; about "
+        "a sixth of the build); all: FlashInfer's whole module",
+    )
     args = parser.parse_args(argv)
     from moe_patch.errors import MoePatchError
 
     try:
-        summary = build(args.vllm, args.out, args.work, args.jobs, args.index_url)
+        summary = build(args.vllm, args.out, args.work, args.jobs, args.index_url, args.kernels)
     except (BuildError, MoePatchError) as error:  # moe-patch's: the release or its wheel
         print(f"moe_e2e.flashinfer_aot: {error}", file=sys.stderr)
         return 1
     print(
-        f"{summary['file']}: FlashInfer {summary['flashinfer']}, nvcc {summary['nvcc']}, "
-        f"{summary['size'] / 2**20:.0f} MiB, sha256 {summary['sha256'][:12]}… in {args.out}"
+        f"{summary['file']} ({summary['kernels']} kernels): FlashInfer {summary['flashinfer']}, "
+        f"nvcc {summary['nvcc']}, {summary['size'] / 2**20:.0f} MiB, "
+        f"sha256 {summary['sha256'][:12]}… in {args.out}"
     )
     return 0
 

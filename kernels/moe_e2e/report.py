@@ -59,6 +59,22 @@ def _ratio(new, old) -> str:
     return f"{new / old:.3f}"
 
 
+def _flashinfer_line(facts: dict | None) -> str:
+    if not facts:
+        return "not installed, so vLLM skips its backends"
+    modules = []
+    for name, build in facts.get("prebuilt", {}).items():
+        if build.get("kernels") == "fp8":
+            modules.append(
+                f"`{name}` prebuilt with its FP8 x FP8 kernels only ({build['units_built']} of "
+                f"{build['units_in_module']} translation units; the other data types' "
+                f"{build['stubbed_symbols']} symbols stop the process if called)"
+            )
+        else:
+            modules.append(f"`{name}` prebuilt whole")
+    return f"`{facts['wheel']}`" + (f"; {'; '.join(modules)}" if modules else "")
+
+
 def markdown(report: dict) -> str:
     env = report["environment"]
     lines = [
@@ -78,6 +94,18 @@ def markdown(report: dict) -> str:
         f"{report['spec'].get('tensor_parallel_size', 1)}; each variant a fresh process with "
         "empty caches" + _placement(report),
     ]
+    routing = report["spec"].get("routing", "model")
+    lines.append(
+        "- MoE routing: "
+        + (
+            "each token's experts drawn uniformly at random (vLLM's routing simulator, "
+            "`--routing uniform`)"
+            if routing == "uniform"
+            else "the dummy model's own router (it sends almost every token of a batch to the "
+            "same experts)"
+        )
+    )
+    lines.append("- FlashInfer: " + _flashinfer_line(report.get("flashinfer")))
     if report["spec"].get("shared_deepgemm_cache"):
         lines.append(
             "- one DeepGEMM kernel cache shared by every engine (`--share-deepgemm-cache`): "

@@ -483,7 +483,22 @@ def new_report(command: str, staged: dict, spec: dict, model: str) -> dict:
         "spec": spec,
         "model": model,
         "model_config": models.MODELS[model],
+        "flashinfer": flashinfer_facts(staged),
         "variants": [],
+    }
+
+
+def flashinfer_facts(staged: dict) -> dict | None:
+    """The FlashInfer the engines could import (None: not staged) and its prebuilt modules."""
+    wheel = next(
+        (n for n in staged.get("dependencies", []) if n.startswith("flashinfer_python-")), None
+    )
+    if wheel is None:
+        return None
+    builds = staged.get("flashinfer_aot_builds", {})
+    return {
+        "wheel": wheel,
+        "prebuilt": {name: builds.get(name, {}) for name in staged.get("flashinfer_aot", [])},
     }
 
 

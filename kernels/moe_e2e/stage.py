@@ -221,6 +221,8 @@ def stage(source: Path, into: Path) -> dict | None:
         "patched_files_checked": patched_files,
         "dependencies": sorted(manifest["dependencies"]),
         "flashinfer_aot": sorted(manifest.get("flashinfer_aot", {})),
+        # How each prebuilt module was built (moe_e2e.flashinfer_aot's summary: its kernel set)
+        "flashinfer_aot_builds": manifest.get("flashinfer_aot_builds", {}),
         "sites": {
             "official": str(into / "site-official"),
             "patched": str(into / "site-patched"),

@@ -11,6 +11,8 @@ import hashlib
 import io
 import json
 import os
+import shutil
+import subprocess
 import sys
 import types
 import zipfile
@@ -102,6 +104,24 @@ def test_segments_leave_out_exactly_the_dropped_member(wheels, tmp_path):
     assert end - start > info.compress_size  # the local header goes with the data
 
 
+def test_members_the_gpu_machines_python_never_loads_are_left_out(tmp_path):
+    members = {
+        f"vllm/third_party/deep_gemm/_C.cpython-{tag}-x86_64-linux-gnu.so": b"so"
+        for tag in (310, 312, 314)
+    }
+    members["vllm/_C.abi3.so"] = b"abi3"
+    members["vllm/entrypoints/serve/instrumentator/static/swagger-ui-bundle.js"] = b"js"
+    wheel = _wheel(tmp_path / "v.whl", members, "vllm-1.0.dist-info")
+    assert sorted(bundle.unused_members(wheel, "3.12")) == [
+        "vllm/entrypoints/serve/instrumentator/static/swagger-ui-bundle.js",
+        "vllm/third_party/deep_gemm/_C.cpython-310-x86_64-linux-gnu.so",
+        "vllm/third_party/deep_gemm/_C.cpython-314-x86_64-linux-gnu.so",
+    ]
+    assert "vllm/third_party/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so" in (
+        bundle.unused_members(wheel, "3.10")
+    )
+
+
 def test_dropping_a_member_the_wheel_lacks_is_an_error(wheels):
     with pytest.raises(SystemExit, match="no member"):
         bundle.kept_segments(wheels[0], ("vllm/absent.so",))
@@ -145,6 +165,11 @@ def _payload_without_pip(monkeypatch, wheels, tmp_path, drop=("vllm/big.so",), p
     }
     payload = tmp_path / "payload.tar"
     manifest["flashinfer_aot"] = {library.name: bundle.sha256_file(library) for library in prebuilt}
+    manifest["flashinfer_aot_builds"] = {
+        library.name: json.loads(library.with_suffix(".json").read_text())
+        for library in prebuilt
+        if library.with_suffix(".json").is_file()
+    }
     bundle.write_payload(payload, official, segments, overlay, [], manifest, prebuilt)
     out = tmp_path / "parts"
     out.mkdir(exist_ok=True)
@@ -823,6 +848,8 @@ def test_bundle_builds_from_the_index_and_stages(fake_index, series_root, tmp_pa
 def test_a_prebuilt_flashinfer_module_lands_in_its_aot_folder(monkeypatch, wheels, tmp_path):
     library = tmp_path / "fused_moe_90.so"
     library.write_bytes(b"\x7fELF prebuilt")
+    build = {"kernels": "fp8", "units_built": 32, "units_in_module": 181, "stubbed_symbols": 900}
+    (tmp_path / "fused_moe_90.json").write_text(json.dumps(build))
     parts = _payload_without_pip(monkeypatch, wheels, tmp_path, prebuilt=(library,))
     with pytest.raises(stage.StageError, match="FlashInfer is not bundled"):
         stage.stage(parts, tmp_path / "without")
@@ -836,6 +863,25 @@ def test_a_prebuilt_flashinfer_module_lands_in_its_aot_folder(monkeypatch, wheel
     aot = tmp_path / "staged/site-deps/flashinfer/data/aot/fused_moe_90/fused_moe_90.so"
     assert aot.read_bytes() == b"\x7fELF prebuilt"
     assert summary["flashinfer_aot"] == ["fused_moe_90.so"]
+    # How the module was built reaches every result file and its report.
+    assert summary["flashinfer_aot_builds"] == {"fused_moe_90.so": build}
+    staged = {**summary, "dependencies": ["flashinfer_python-0.6.8.post1-py3-none-any.whl"]}
+    facts = run.flashinfer_facts(staged)
+    assert facts == {
+        "wheel": "flashinfer_python-0.6.8.post1-py3-none-any.whl",
+        "prebuilt": {"fused_moe_90.so": build},
+    }
+    text = markdown({**_report([]), "flashinfer": facts})
+    assert "FP8 x FP8 kernels only (32 of 181 translation units" in text
+    assert run.flashinfer_facts({"dependencies": []}) is None
+    assert "FlashInfer: not installed" in markdown(_report([]))
+
+
+def test_the_report_names_the_routing_the_engines_had():
+    report = _report([])
+    assert "the dummy model's own router" in markdown(report)
+    report["spec"]["routing"] = "uniform"
+    assert "drawn uniformly at random (vLLM's routing simulator" in markdown(report)
 
 
 def test_a_damaged_prebuilt_module_is_refused_and_leaves_nothing(tmp_path):
@@ -880,3 +926,94 @@ def test_bundle_refuses_a_missing_prebuilt_library(tmp_path, capsys):
         bundle.main(["--out", str(tmp_path / "b"), "--flashinfer-aot", str(tmp_path / "no.so")])
     assert exit_.value.code == 2 and "no.so: no such file" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+def _fake_fused_moe_build(tmp_path: Path) -> Path:
+    """A FlashInfer-like ninja file: helpers, one runner file per data-type pair, generated
+    instantiation units of two data types."""
+    sources = {
+        "csrc/binding.cu": "// calls MoeGemmRunner<__nv_fp8_e4m3, __nv_fp8_e4m3> and others\n",
+        "csrc/moe_gemm/moe_gemm_kernels_fp8_fp8.cu": (
+            "template class MoeGemmRunner<__nv_fp8_e4m3, __nv_fp8_e4m3, half>;\n"
+        ),
+        "csrc/moe_gemm/moe_gemm_kernels_bf16_fp8.cu": (
+            "template class MoeGemmRunner<__nv_bfloat16, __nv_fp8_e4m3, __nv_bfloat16>;\n"
+        ),
+        "gen/gemm_grouped_sm90_M128_group21.generated.cu": (
+            "INSTANTIATE(Sm90, __nv_fp8_e4m3,\n  __nv_fp8_e4m3, half, 128, 16, 128);\n"
+        ),
+        "gen/gemm_grouped_sm90_M128_group0.generated.cu": "INSTANTIATE(Sm90, half, half, half);\n",
+    }
+    lines = [
+        "rule compile\n  command = c++ -c $in -o $out",
+        "rule link\n  command = c++ $in -o $out",
+    ]
+    objects = []
+    for name, text in sources.items():
+        source = tmp_path / name
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_text(text)
+        objects.append(str(tmp_path / "build" / (source.stem + ".o")))
+        lines.append(f"build {objects[-1]}: compile {source}")
+    lines.append(f"build {tmp_path / 'build' / 'fused_moe_90.so'}: link {' '.join(objects)}")
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "build.ninja").write_text("\n".join(lines) + "\n")
+    return tmp_path / "build"
+
+
+def test_an_fp8_only_build_leaves_out_exactly_the_other_data_types_kernel_units(tmp_path):
+    from moe_e2e import flashinfer_aot
+
+    build_dir = _fake_fused_moe_build(tmp_path)
+    units, library = flashinfer_aot.ninja_units(build_dir)
+    assert library.endswith("fused_moe_90.so") and len(units) == 5
+    kept, left_out = flashinfer_aot.fp8_units(units)
+    assert sorted(Path(o).stem for o in kept) == [
+        "binding",
+        "gemm_grouped_sm90_M128_group21.generated",
+        "moe_gemm_kernels_fp8_fp8",
+    ]
+    assert sorted(Path(s).name for s in left_out) == [
+        "gemm_grouped_sm90_M128_group0.generated.cu",
+        "moe_gemm_kernels_bf16_fp8.cu",
+    ]
+
+
+@pytest.mark.skipif(not all(map(shutil.which, ("c++", "nm"))), reason="needs a C++ compiler and nm")
+def test_stubs_stand_in_for_left_out_kernels_and_stop_loudly_when_called(tmp_path):
+    from moe_e2e import flashinfer_aot
+
+    kept = tmp_path / "kept.cpp"
+    kept.write_text(
+        "#include <cstdio>\n"
+        "namespace tensorrt_llm { template <class T> struct Runner { void run(); };\n"
+        '  extern template struct Runner<float>; void helper() { std::puts("ok"); } }\n'
+        'extern "C" int fp8_path() { tensorrt_llm::helper(); return 8; }\n'
+        'extern "C" void other_type() { tensorrt_llm::Runner<float>().run(); }\n'
+    )
+    subprocess.run(["c++", "-fPIC", "-c", str(kept), "-o", str(tmp_path / "kept.o")], check=True)
+    missing = flashinfer_aot.missing_symbols([str(tmp_path / "kept.o")])
+    assert missing == ["_ZN12tensorrt_llm6RunnerIfE3runEv"]  # not puts, not the defined helper
+    stubs = tmp_path / "stubs.cpp"
+    stubs.write_text(flashinfer_aot.stub_source(missing))
+    library = tmp_path / "libmodule.so"
+    subprocess.run(
+        ["c++", "-shared", "-fPIC", str(tmp_path / "kept.o"), str(stubs), "-o", str(library)],
+        check=True,
+    )
+    undefined = flashinfer_aot.nm_symbols([str(library)], "--dynamic", "--undefined-only")
+    assert not [s for s in undefined if flashinfer_aot.TRTLLM_SYMBOL.match(s)]
+    call = "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); print(lib.{}())"
+    fine = subprocess.run(
+        [sys.executable, "-c", call.format("fp8_path"), str(library)],
+        capture_output=True,
+        text=True,
+    )
+    assert fine.returncode == 0 and sorted(fine.stdout.split()) == ["8", "ok"]
+    stopped = subprocess.run(
+        [sys.executable, "-c", call.format("other_type"), str(library)],
+        capture_output=True,
+        text=True,
+    )
+    assert stopped.returncode != 0
+    assert "has no _ZN12tensorrt_llm6RunnerIfE3runEv: rebuild with --kernels all" in stopped.stderr
