@@ -433,7 +433,7 @@ def test_benchmark_results_become_a_before_after_table(tmp_path):
     ]  # fmt: skip
     data = {"command": "python -m moe_kernels.bench …", "environment": {"gpu": "G"}, "rows": rows}
     (tmp_path / "bench.json").write_text(json.dumps(data))
-    text = pr.results_section(pr.Upstreaming(tag="[Perf]", results="bench.json"), tmp_path)
+    text = pr.results_section(pr.Upstreaming(tag="[Perf]", results=("bench.json",)), tmp_path)
     table = [line for line in text.splitlines() if line.startswith("| s ")]
     assert table == [
         "| s | layer | block | 1 | 80.0 | 64.0 | 1.25× |",
@@ -480,13 +480,22 @@ def test_an_end_to_end_report_is_shown_per_engine(tmp_path):
     }
     (tmp_path / "e2e").mkdir()
     (tmp_path / "e2e" / "run.json").write_text(json.dumps(report))
-    text = pr.results_section(Upstreaming(results="e2e/run.json"), tmp_path)
+    text = pr.results_section(Upstreaming(results=("e2e/run.json",)), tmp_path)
     assert "vLLM 1.0.0 wheels" in text and "Test GPU 9000" in text
     assert "| engine | MoE backend | TTFT 4000 tok | TPOT B=1 | TPOT B=16 | tok/s |" in text
     assert "| a-moe-official | VLLM_CUTLASS | 102.80 | 5.14 | 9.61 | 2456 |" in text
     assert "| a-moe-patched | TRITON | 78.40 | 3.92 | 8.33 | 2757 |" in text
     assert "a-moe-broken" not in text  # an engine that did not run has no row
     assert "`python -m moe_e2e.run --staged staged --out here`" in text
+    # Several Upstream-Results: trailers: every file's section, in the order given.
+    report["model"] = "b-moe"
+    (tmp_path / "e2e" / "second.json").write_text(json.dumps(report))
+    both = pr.results_section(Upstreaming(results=("e2e/run.json", "e2e/second.json")), tmp_path)
+    assert both.index("a-moe") < both.index("b-moe") and both.startswith(text)
+    missing = pr.results_section(Upstreaming(results=("e2e/run.json", "nope.json")), tmp_path)
+    assert missing.endswith(
+        "The benchmark results file nope.json was not found; run the benchmark."
+    )
 
 
 AGENTS = """# Agent Instructions

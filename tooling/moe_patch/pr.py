@@ -504,15 +504,18 @@ def _make_branch(
 
 
 def results_section(plan: Upstreaming, results_dir: Path) -> str:
-    """The Test Result section: the measurements ``plan.results`` names, under
-    ``results_dir`` (the project's ``kernels/results``)."""
+    """The Test Result section: the measurements of each file ``plan.results`` names, under
+    ``results_dir`` (the project's ``kernels/results``), in order."""
     if not plan.results:
         return "No benchmark results are recorded for this change."
-    path = results_dir / plan.results
+    return "\n\n".join(result_file_section(name, results_dir) for name in plan.results)
+
+
+def result_file_section(name: str, results_dir: Path) -> str:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads((results_dir / name).read_text())
     except (OSError, ValueError):
-        return f"The benchmark results file {plan.results} was not found; run the benchmark."
+        return f"The benchmark results file {name} was not found; run the benchmark."
     if "rows" in data:
         return _bench_section(data)
     if "variants" in data:

@@ -4,6 +4,7 @@
 ``Upstream-Test``       a test file the pull request adds, by its path in vLLM; the file is
                         kept under the series root's ``upstream/`` folder at that path
 ``Upstream-Results``    a results file under ``kernels/results/`` for the Test Result section
+                        (repeated: several, shown in order)
 ``Upstream-Benchmark``  a command a reviewer runs inside vLLM, on the base and on the branch
 """
 
@@ -22,7 +23,7 @@ class Upstreaming:
 
     tag: str = "[Misc]"
     tests: dict[str, str] = field(default_factory=dict)  # path in vLLM -> content
-    results: str | None = None  # a results file under kernels/results/
+    results: tuple[str, ...] = ()  # results files under kernels/results/
     benchmarks: list[str] = field(default_factory=list)
 
 
@@ -45,6 +46,6 @@ def upstreaming(patch: Patch) -> Upstreaming:
     return Upstreaming(
         tag=patch.trailer("Upstream-Tag") or "[Misc]",
         tests=tests,
-        results=patch.trailer("Upstream-Results"),
+        results=tuple(patch.trailer_values("Upstream-Results")),
         benchmarks=patch.trailer_values("Upstream-Benchmark"),
     )
