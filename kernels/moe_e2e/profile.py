@@ -4,8 +4,11 @@ vLLM writes one Chrome trace per profiled window (``ProfilerConfig.torch_profile
 GPU kernels in it (events of category ``kernel``) are summed per kind:
 
 * ``moe_gemm``: the expert GEMMs (Triton ``fused_moe_kernel``, CUTLASS grouped / FlashInfer MoE
-  GEMMs);
-* ``moe_routing``: top-k, alignment and sorting of tokens to experts, the weighted sum;
+  GEMMs: CUTLASS 3's grouped kernels carry ``GroupProblemShape`` in their name, and FlashInfer's
+  per-launch stride set-up goes with them);
+* ``moe_routing``: top-k, alignment and sorting of tokens to experts, the weighted sum
+  (FlashInfer's CUTLASS MoE: building the expert maps, expanding the input rows, the
+  finalize that un-permutes and sums);
 * ``attention``: attention kernels and the KV-cache writes;
 * ``linear``: the dense projections (QKV, output, LM head, router) and other GEMMs;
 * ``quantization``: activation quantisation and scale kernels;
@@ -15,7 +18,8 @@ Kernels that torch.compile (Inductor) generates, ``triton_{poi,red,per}_fused_..
 after the graph nodes they fuse, which may include the GEMM they feed (``..._scaled_mm_...``):
 they are elementwise or reduction kernels, so they count as ``quantization`` when they compute
 a scale (abs / max / clamp / reciprocal) and as ``other`` otherwise.  For the rest, the first
-matching rule wins, in the order of ``RULES``.  A window keeps every kernel's time by name, so a
+matching rule wins, in the order of ``RULES``; FlashInfer's fused SiLU-and-mul (which also
+quantises for the second GEMM) is ``other``, as vLLM's own ``act_and_mul`` is.  A window keeps every kernel's time by name, so a
 result can be sorted again when the rules learn a name (``moe_e2e.report --refresh``).
 """
 
@@ -26,10 +30,18 @@ import json
 import re
 from pathlib import Path
 
+KINDS = ("moe_gemm", "moe_routing", "attention", "linear", "quantization", "other")
 RULES = (
+    # FlashInfer's (TensorRT-LLM's) CUTLASS MoE around its grouped GEMM, before the broad
+    # "cutlass" and "moe" rules below catch them.
+    ("moe_routing", re.compile(r"buildexpertmaps|expandinputrows|finalizemoerouting")),
+    ("other", re.compile(r"cutlass_kernels::doactivationkernel")),
     (
         "moe_gemm",
-        re.compile(r"fused_moe_kernel|moe.*(gemm|mm)|group(ed)?_?(gemm|mm)|cutlass.*moe"),
+        re.compile(
+            r"fused_moe_kernel|groupproblemshape|computestridestmawarpspecialized|"
+            r"moe.*(gemm|mm)|group(ed)?_?(gemm|mm)|cutlass.*moe"
+        ),
     ),
     (
         "moe_routing",
@@ -42,7 +54,6 @@ RULES = (
     ("linear", re.compile(r"gemm|gemv|matmul|_mm\b|_mm_|xmma|nvjet|cublas|cutlass|wgmma")),
     ("quantization", re.compile(r"quant|fp8|scale")),
 )
-KINDS = tuple(kind for kind, _ in RULES) + ("other",)
 INDUCTOR = re.compile(r"^triton_(poi|red|per)_fused")
 SCALE_MATH = re.compile(r"quant|fp8|abs.*(max|clamp)|clamp.*reciprocal|reciprocal")
 

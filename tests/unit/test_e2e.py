@@ -644,7 +644,30 @@ def test_profile_sorts_kernels_into_the_kinds_of_a_decode_step():
             "quantization"
         ),
         "triton_poi_fused_cat_mm_3": "other",
+        # FlashInfer's CUTLASS MoE (vLLM's FLASHINFER_CUTLASS backend), as its profile names them
+        "_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalINS1_17GroupProblemShapeIN4cute"
+        "5tupleIJlllEEEEENS1_10collective13CollectiveMmaINS1_39MainloopSm90ArrayTmaGmma": "moe_gemm",
+        "void tensorrt_llm::kernels::cutlass_kernels::computeStridesTmaWarpSpecializedKernel"
+        "<__nv_fp8_e4m3, __nv_fp8_e4m3, __nv_bfloat16>": "moe_gemm",
+        "void tensorrt_llm::kernels::cutlass_kernels::fusedBuildExpertMapsSortFirstTokenKernel"
+        "<32, 8, 8>(int const*, int*)": "moe_routing",
+        "void tensorrt_llm::kernels::cutlass_kernels::expandInputRowsKernel<__nv_fp8_e4m3>": (
+            "moe_routing"
+        ),
+        "void tensorrt_llm::kernels::cutlass_kernels::finalizeMoeRoutingKernel<__nv_bfloat16>": (
+            "moe_routing"
+        ),
+        "void tensorrt_llm::kernels::cutlass_kernels::doActivationKernel<__nv_fp8_e4m3, "
+        "__nv_bfloat16, tensorrt_llm::kernels::cutlass_kernels::GLUAdaptor<SiLu>>": "other",
     }
+    assert profile.KINDS == (
+        "moe_gemm",
+        "moe_routing",
+        "attention",
+        "linear",
+        "quantization",
+        "other",
+    )
     for name, kind in names.items():
         assert profile.classify(name) == kind, name
     trace = {
