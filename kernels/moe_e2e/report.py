@@ -59,6 +59,16 @@ def _ratio(new, old) -> str:
     return f"{new / old:.3f}"
 
 
+ROUTING_WORDS = {
+    "model": "the dummy model's own router (it sends almost every token of a batch to the same "
+    "experts)",
+    "uniform": "each token's experts drawn uniformly at random, independently of each other "
+    "(vLLM's routing simulator, `--routing uniform`)",
+    "distinct": "each token's experts a uniformly random set of k different experts "
+    "(`--routing distinct`: moe_e2e.routing in vLLM's routing simulator)",
+}
+
+
 def _flashinfer_line(facts: dict | None) -> str:
     if not facts:
         return "not installed, so vLLM skips its backends"
@@ -94,17 +104,7 @@ def markdown(report: dict) -> str:
         f"{report['spec'].get('tensor_parallel_size', 1)}; each variant a fresh process with "
         "empty caches" + _placement(report),
     ]
-    routing = report["spec"].get("routing", "model")
-    lines.append(
-        "- MoE routing: "
-        + (
-            "each token's experts drawn uniformly at random (vLLM's routing simulator, "
-            "`--routing uniform`)"
-            if routing == "uniform"
-            else "the dummy model's own router (it sends almost every token of a batch to the "
-            "same experts)"
-        )
-    )
+    lines.append("- MoE routing: " + ROUTING_WORDS[report["spec"].get("routing", "model")])
     lines.append("- FlashInfer: " + _flashinfer_line(report.get("flashinfer")))
     if report["spec"].get("shared_deepgemm_cache"):
         lines.append(

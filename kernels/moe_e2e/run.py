@@ -35,7 +35,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import models
+from . import models, routing
 
 KERNELS_DIR = Path(__file__).resolve().parents[1]
 BACKEND_LINE = re.compile(
@@ -50,9 +50,11 @@ LOG_FACTS = {
     "model_load_s": re.compile(r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds"),
 }
 # The environment each --routing gives the engines (vLLM's RoutingSimulatorRouter).
+SIMULATED_ROUTING = "VLLM_MOE_ROUTING_SIMULATION_STRATEGY"
 ROUTINGS = {
     "model": {},
-    "uniform": {"VLLM_MOE_ROUTING_SIMULATION_STRATEGY": "uniform_random"},
+    "uniform": {SIMULATED_ROUTING: "uniform_random"},
+    "distinct": {SIMULATED_ROUTING: routing.STRATEGY},
 }
 DEFAULT_SPEC = {
     "max_model_len": 4096,
@@ -151,6 +153,10 @@ def variant_env(
     if fp8_env:
         env["VLLM_FP8_MOE_BACKEND"] = fp8_env
     env.update(extra or {})
+    if env.get(SIMULATED_ROUTING) == routing.STRATEGY:
+        # vLLM registers the strategy in each of its processes from this entry point.
+        plugin = routing.write_entry_point(caches.parent / "plugin")
+        env["PYTHONPATH"] += os.pathsep + str(plugin)
     return env
 
 
@@ -378,8 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(ROUTINGS),
         default="model",
         help="model: the dummy model's own router (dummy weights route almost every token to "
-        "the same experts); uniform: each token's experts drawn uniformly at random by vLLM's "
-        "routing simulator, as a trained router spreads a batch",
+        "the same experts); distinct: each token's k experts a random k-subset, as a trained "
+        "router spreads a batch (moe_e2e.routing, in vLLM's routing simulator); uniform: vLLM's "
+        "own uniform_random, which can give a token one expert twice",
     )
     parser.add_argument(
         "--share-deepgemm-cache",

@@ -58,3 +58,32 @@ def test_patched_engine_generates_on_triton(kind, tmp_path):
     # The backend the engine chose, in its own words: the selector's Hopper rule names Triton.
     assert record["moe_backend"] == "TRITON"
     assert "tries TRITON first" in (record["moe_backend_reason"] or "")
+
+
+def test_distinct_routing_serves_through_vllms_routing_simulator(tmp_path):
+    """``--routing distinct``: vLLM loads moe_e2e's strategy in its engine processes and routes
+    with it (its simulator says which strategy it uses in the log)."""
+    from moe_e2e.run import DEFAULT_SPEC, ROUTINGS, run_variant
+
+    staged = _staged()
+    variant = {
+        "name": "tiny-fp8-static-patched-distinct",
+        "model": "tiny-qwen3-moe",
+        "kind": "fp8-static",
+        "wheel": "patched",
+        "env": dict(ROUTINGS["distinct"]),
+    }
+    spec = {
+        **DEFAULT_SPEC,
+        "max_model_len": 1024,
+        "max_num_seqs": 8,
+        "gpu_memory_utilization": 0.3,
+        "smoke": TOKENS,
+        "routing": "distinct",
+    }
+    record = run_variant(staged, variant, spec, tmp_path, timeout=600)
+
+    assert record["returncode"] == 0, "\n".join(record.get("error_tail", []))
+    assert record["result"]["smoke_tokens"] == TOKENS
+    log = (tmp_path / record["log"]).read_text()
+    assert "Simulating MoE routing using a moe_e2e_distinct strategy" in log

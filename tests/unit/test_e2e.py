@@ -516,6 +516,92 @@ def test_uniform_routing_reaches_every_engine_and_the_spec(monkeypatch, staged_d
     assert run.main([*args, "--out", str(out), "--resume"]) == 0
 
 
+def test_distinct_routing_gives_each_token_k_different_experts_uniformly():
+    torch = pytest.importorskip("torch")
+    from moe_e2e import routing
+
+    torch.manual_seed(0)
+    ids = routing.distinct_experts(4000, 16, 4, "cpu")
+    assert ids.shape == (4000, 4) and ids.dtype == torch.int32
+    assert all(len(set(row)) == 4 for row in ids.tolist())  # never one expert twice
+    assert int(ids.min()) == 0 and int(ids.max()) == 15
+    counts = torch.bincount(ids.flatten().long(), minlength=16).float()
+    assert float(counts.min()) > 900 and float(counts.max()) < 1100  # 1000 expected each
+    assert routing.distinct_experts(3, 8, 8, "cpu", torch.int64).dtype == torch.int64
+
+
+def test_distinct_routing_registers_with_vllms_simulator_through_its_plugin_entry_point(
+    monkeypatch, tmp_path
+):
+    torch = pytest.importorskip("torch")
+    from importlib.metadata import distributions
+
+    from moe_e2e import routing
+
+    folder = routing.write_entry_point(tmp_path / "plugin")
+    points = [
+        ep
+        for dist in distributions(path=[str(folder)])
+        for ep in dist.entry_points
+        if ep.group == "vllm.general_plugins"
+    ]
+    assert [(ep.name, ep.value) for ep in points] == [
+        ("moe_e2e_distinct", "moe_e2e.routing:register")
+    ]
+    # A stand-in for vllm's routing_simulator_router, as the entry point's function sees it.
+    registered = {}
+    simulator = types.ModuleType("routing_simulator_router")
+    simulator.RoutingStrategy = type("RoutingStrategy", (), {})
+    simulator.RoutingSimulator = types.SimpleNamespace(
+        register_strategy=lambda name, strategy: registered.update({name: strategy})
+    )
+    name = "vllm.model_executor.layers.fused_moe.router.routing_simulator_router"
+    for parent in ("vllm", "vllm.model_executor", "vllm.model_executor.layers"):
+        monkeypatch.setitem(sys.modules, parent, types.ModuleType(parent))
+    for parent in (
+        "vllm.model_executor.layers.fused_moe",
+        "vllm.model_executor.layers.fused_moe.router",
+    ):
+        monkeypatch.setitem(sys.modules, parent, types.ModuleType(parent))
+    monkeypatch.setitem(sys.modules, name, simulator)
+    points[0].load()()
+    weights, ids = registered["moe_e2e_distinct"].route_tokens(
+        torch.zeros(5, 32), torch.zeros(5, 128), 8
+    )
+    assert weights.shape == (5, 8) and bool((weights == 1).all())
+    assert all(len(set(row)) == 8 for row in ids.tolist())
+
+
+def test_distinct_routing_reaches_every_engine_with_its_plugin(monkeypatch, staged_dir, tmp_path):
+    seen = []
+    fake_engines(monkeypatch)
+    recorded = run.run_variant
+    monkeypatch.setattr(
+        run,
+        "run_variant",
+        lambda staged, v, *a, **k: seen.append(v) or recorded(staged, v, *a, **k),
+    )
+    args = ["--staged", str(staged_dir), "--model", "tiny-qwen3-moe", "--kinds", "fp8-static"]
+    assert run.main([*args, "--out", str(tmp_path / "d"), "--routing", "distinct"]) == 0
+    assert [v["env"]["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] for v in seen] == [
+        "moe_e2e_distinct"
+    ] * 2
+    env = run.variant_env(
+        {"sites": {"patched": "p", "deps": "d"}},
+        "patched",
+        tmp_path / "scratch" / "caches",
+        None,
+        extra=dict(run.ROUTINGS["distinct"]),
+    )
+    plugin = env["PYTHONPATH"].split(os.pathsep)[-1]
+    assert Path(plugin) == tmp_path / "scratch" / "plugin"
+    assert (Path(plugin) / "moe_e2e_routing-1.0.dist-info" / "entry_points.txt").is_file()
+    plain = run.variant_env(
+        {"sites": {"patched": "p", "deps": "d"}}, "patched", tmp_path / "other" / "caches", None
+    )
+    assert not (tmp_path / "other" / "plugin").exists() and "plugin" not in plain["PYTHONPATH"]
+
+
 def test_several_models_write_one_result_each(monkeypatch, staged_dir, tmp_path):
     started = fake_engines(monkeypatch)
     out = tmp_path / "e2e"
@@ -904,7 +990,9 @@ def test_the_report_names_the_routing_the_engines_had():
     report = _report([])
     assert "the dummy model's own router" in markdown(report)
     report["spec"]["routing"] = "uniform"
-    assert "drawn uniformly at random (vLLM's routing simulator" in markdown(report)
+    assert "drawn uniformly at random, independently of each other" in markdown(report)
+    report["spec"]["routing"] = "distinct"
+    assert "a uniformly random set of k different experts" in markdown(report)
 
 
 def test_a_damaged_prebuilt_module_is_refused_and_leaves_nothing(tmp_path):
