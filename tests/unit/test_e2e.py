@@ -491,7 +491,8 @@ def test_start_before_leaves_the_rest_for_resume(monkeypatch, staged_dir, tmp_pa
     assert len(started) == 3 and "tiny-qwen3-moe-fp8-static-official" not in started
 
 
-def test_uniform_routing_reaches_every_engine_and_the_spec(monkeypatch, staged_dir, tmp_path):
+def engines_recording_variants(monkeypatch) -> list[dict]:
+    """Fake engines; the list fills with every variant run starts."""
     seen = []
     fake_engines(monkeypatch)
     recorded = run.run_variant
@@ -500,6 +501,11 @@ def test_uniform_routing_reaches_every_engine_and_the_spec(monkeypatch, staged_d
         "run_variant",
         lambda staged, v, *a, **k: seen.append(v) or recorded(staged, v, *a, **k),
     )
+    return seen
+
+
+def test_uniform_routing_reaches_every_engine_and_the_spec(monkeypatch, staged_dir, tmp_path):
+    seen = engines_recording_variants(monkeypatch)
     out = tmp_path / "uniform"
     args = ["--staged", str(staged_dir), "--model", "tiny-qwen3-moe", "--kinds", "fp8-static"]
     assert run.main([*args, "--out", str(out), "--routing", "uniform"]) == 0
@@ -573,14 +579,7 @@ def test_distinct_routing_registers_with_vllms_simulator_through_its_plugin_entr
 
 
 def test_distinct_routing_reaches_every_engine_with_its_plugin(monkeypatch, staged_dir, tmp_path):
-    seen = []
-    fake_engines(monkeypatch)
-    recorded = run.run_variant
-    monkeypatch.setattr(
-        run,
-        "run_variant",
-        lambda staged, v, *a, **k: seen.append(v) or recorded(staged, v, *a, **k),
-    )
+    seen = engines_recording_variants(monkeypatch)
     args = ["--staged", str(staged_dir), "--model", "tiny-qwen3-moe", "--kinds", "fp8-static"]
     assert run.main([*args, "--out", str(tmp_path / "d"), "--routing", "distinct"]) == 0
     assert [v["env"]["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] for v in seen] == [
