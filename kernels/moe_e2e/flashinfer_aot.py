@@ -4,8 +4,8 @@
 
 With FlashInfer installed, vLLM 0.21.0 sends per-tensor FP8 MoE with static activation scales
 on Hopper to FlashInfer's CUTLASS MoE GEMMs, which FlashInfer compiles with nvcc on first use:
-181 translation units (up to about 2 minutes and 6 GB each on one core), more than a GPU
-session can spend.  This builds the same module ahead of time, at the FlashInfer version the release
+181 translation units (up to 7 minutes and 6 GB each on one core), more than a GPU session can
+spend.  This builds the same module ahead of time, at the FlashInfer version the release
 pins, with FlashInfer's own build description (its ``gen_cutlass_fused_moe_sm90_module``
 writes the ninja file) and this machine's nvcc, which must be the GPU machine's major version.
 ``moe_e2e.bundle --flashinfer-aot OUT/fused_moe_90.so`` carries the library into FlashInfer's

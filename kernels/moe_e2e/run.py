@@ -161,7 +161,7 @@ def variant_env(
 
 
 def has_flashinfer(staged: dict) -> bool:
-    return any(name.startswith("flashinfer_python-") for name in staged.get("dependencies", []))
+    return flashinfer_facts(staged) is not None
 
 
 def run_variant(
