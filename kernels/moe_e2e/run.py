@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import models, routing
@@ -406,8 +407,24 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="start no variant once SECONDS have passed since the command began (a device "
-        "call's time limit); what is left runs with --resume, and the exit code is 3",
+        help="start no variant once SECONDS have passed since the command began; what is "
+        "left runs with --resume, and the exit code is 3",
+    )
+    parser.add_argument(
+        "--finish-before",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="start no variant that would not end SECONDS after the command began (a device "
+        "call's time limit), judged by the longest engine of the result file so far, or "
+        "--engine-estimate before one has run; what is left runs with --resume (exit code 3)",
+    )
+    parser.add_argument(
+        "--engine-estimate",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="an engine's wall time until one has run (default: 300; --finish-before)",
     )
     parser.add_argument(
         "--resume",
@@ -454,7 +471,12 @@ def main(argv: list[str] | None = None) -> int:
     engine_env = dict(ROUTINGS[args.routing])  # what every engine of this run gets
     if args.share_deepgemm_cache:
         engine_env["DG_JIT_CACHE_DIR"] = str(args.staged / "deep_gemm-cache")
-    deadline = None if args.start_before is None else time.monotonic() + args.start_before
+    began = time.monotonic()
+    clock = Deadlines(
+        start_by=None if args.start_before is None else began + args.start_before,
+        finish_by=None if args.finish_before is None else began + args.finish_before,
+        engine_estimate=args.engine_estimate,
+    )
     failed = left = False
     for model in names:
         out = args.out if len(names) == 1 else args.out.parent / f"{args.out.name}-{model}"
@@ -469,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for variant in todo:
             variant["env"] = {**variant.get("env", {}), **engine_env}
-        outcome = run_model(report, todo, staged, spec, out, args.timeout, slots, deadline)
+        outcome = run_model(report, todo, staged, spec, out, args.timeout, slots, clock)
         failed |= outcome == "failed"
         left |= outcome == "left"
     return 1 if failed else 3 if left else 0
@@ -551,6 +573,26 @@ def resumed(report: dict, path: Path) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class Deadlines:
+    """When engines may start: not after ``start_by``, and only if one can end by
+    ``finish_by`` (``time.monotonic()`` values; None: no limit).  An engine is expected to
+    take as long as the longest one in the result file so far, or ``engine_estimate``."""
+
+    start_by: float | None = None
+    finish_by: float | None = None
+    engine_estimate: float = 300.0
+
+    def allow(self, report: dict) -> bool:
+        now = time.monotonic()
+        if self.start_by is not None and now >= self.start_by:
+            return False
+        if self.finish_by is None:
+            return True
+        walls = [v["wall_s"] for v in report["variants"] if v.get("wall_s") is not None]
+        return now + max(walls, default=self.engine_estimate) <= self.finish_by
+
+
 def run_model(
     report: dict,
     todo: list[dict],
@@ -559,19 +601,18 @@ def run_model(
     out: Path,
     timeout: float,
     slots: list[str | None],
-    deadline: float | None = None,
+    clock: Deadlines = Deadlines(),
 ) -> str:
-    """Run the variants ``report`` does not hold yet, starting none after ``deadline`` (a
-    ``time.monotonic()`` value); rewrite its JSON after every group and its Markdown at the
-    end.  "done" when every variant has a result, "left" when the deadline left some for
-    ``--resume``, else "failed"."""
+    """Run the variants ``report`` does not hold yet while ``clock`` allows another start;
+    rewrite its JSON after every group and its Markdown at the end.  "done" when every
+    variant has a result, "left" when time left some for ``--resume``, else "failed"."""
     done = {v["name"] for v in report["variants"]}
     todo = [v for v in todo if v["name"] not in done]
     logs = out.parent / f"{out.name}-logs"
     logs.mkdir(parents=True, exist_ok=True)
     left: list[str] = []
     for group in groups(todo, len(slots)):
-        if left or (deadline is not None and time.monotonic() >= deadline):
+        if left or not clock.allow(report):
             left += [variant["name"] for variant in group]
             continue
         records = run_group(staged, group, spec, logs, timeout, slots)
@@ -592,7 +633,7 @@ def run_model(
     if not all("result" in r for r in report["variants"]):
         return "failed"
     if left:
-        print(f"left for --resume (--start-before passed): {', '.join(left)}", flush=True)
+        print(f"left for --resume (out of time): {', '.join(left)}", flush=True)
         return "left"
     return "done"
 

@@ -491,6 +491,48 @@ def test_start_before_leaves_the_rest_for_resume(monkeypatch, staged_dir, tmp_pa
     assert len(started) == 3 and "tiny-qwen3-moe-fp8-static-official" not in started
 
 
+def test_finish_before_starts_only_engines_that_can_end_in_time(
+    monkeypatch, staged_dir, tmp_path, capsys
+):
+    now = [0.0]
+    monkeypatch.setattr(run.time, "monotonic", lambda: now[0])
+    started = []
+
+    def engine_of_120_s(staged, variant, spec, logs, timeout, gpus=None):
+        started.append(variant["name"])
+        now[0] += 120
+        result = {
+            "startup_s": 1.0,
+            "first_ttft_s": 0.1,
+            "decode": {str(b): {"tpot_ms": [1.0], "median_ms": 1.0} for b in (1, 4, 16, 64)},
+            "throughput": {"output_tokens_per_s": 1.0},
+            "trace": {"ttft_p50_ms": 1.0, "ttft_p99_ms": 1.0, "triton_kernels_compiled": 0},
+        }
+        return {
+            **variant,
+            "gpus": gpus,
+            "returncode": 0,
+            "log": "x.log",
+            "wall_s": 120.0,
+            "moe_backend": "TRITON",
+            "result": result,
+        }
+
+    monkeypatch.setattr(run, "run_variant", engine_of_120_s)
+    args = ["--staged", str(staged_dir), "--model", "tiny-qwen3-moe", "--out", str(tmp_path / "f")]
+    args += ["--kinds", "fp8-static,fp8-block"]
+    # Before any engine has run, the estimate decides: 300 s do not fit in 250.
+    assert run.main([*args, "--finish-before", "250", "--engine-estimate", "300"]) == 3
+    assert started == [] and "left for --resume (out of time)" in capsys.readouterr().out
+    # Then the longest engine so far (120 s): at 0, 120 and 240 s one still ends by 400 s;
+    # at 360 s it would not.
+    now[0] = 0.0
+    assert run.main([*args, "--finish-before", "400", "--resume"]) == 3
+    assert len(started) == 3 and now[0] == 360
+    now[0] = 0.0
+    assert run.main([*args, "--resume"]) == 0 and len(started) == 4
+
+
 def engines_recording_variants(monkeypatch) -> list[dict]:
     """Fake engines; the list fills with every variant run starts."""
     seen = []
