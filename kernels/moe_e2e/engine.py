@@ -259,6 +259,7 @@ async def main_async(spec: dict) -> dict:
         gpu_memory_utilization=spec["gpu_memory_utilization"],
         seed=spec["seed"],
         moe_backend=spec.get("moe_backend") or "auto",
+        **dict.fromkeys(spec.get("engine_flags", []), True),
         disable_log_stats=True,
         **profiler_args(spec),
     )

@@ -7,7 +7,9 @@
 
 For each FP8 kind the wheels run one after the other (the order alternates from kind to kind),
 then the head-to-head variants (``WHEEL:KIND:BACKEND``: ``--moe-backend BACKEND``, or
-``env=BACKEND`` for ``VLLM_FP8_MOE_BACKEND``).  Each variant gets a new process, new empty
+``env=BACKEND`` for ``VLLM_FP8_MOE_BACKEND``; ``auto`` keeps the automatic choice; a fourth
+field ``:FLAG,...`` turns on boolean engine arguments, e.g.
+``official:fp8-static:auto:enable_flashinfer_autotune``).  Each variant gets a new process, new empty
 Triton / Inductor / vLLM caches, and its whole log kept; the MoE backend it chose is read from
 the engine's own "Using ... Fp8 MoE backend" line.  ``<out>.json`` is rewritten after every
 variant, so a run cut short keeps what it measured; ``<out>.md`` is the report.  ``--resume``
@@ -180,6 +182,7 @@ def run_variant(
             "model_dir": str(model_dir),
             "quantization": kind.engine_quantization,
             "moe_backend": variant.get("requested_backend"),
+            "engine_flags": variant.get("engine_flags", []),
             "out": str(scratch / "result.json"),
             "profile_dir": str(scratch / "profile"),
         }
@@ -252,15 +255,37 @@ def variants(
                     }
                 )
         for item in head_to_head:
-            wheel, kind, backend = item.split(":")
-            entry = {"model": model, "kind": kind, "wheel": wheel, "round": round_}
-            if backend.startswith("env="):
-                entry["fp8_env"] = backend[4:]
-            else:
-                entry["requested_backend"] = backend
-            entry["name"] = f"{model}-{kind}-{wheel}-{backend.replace('=', '-')}{suffix}"
+            entry = {"model": model, "round": round_, **head_to_head_variant(item)}
+            entry["name"] = f"{model}-{entry.pop('label')}{suffix}"
             out.append(entry)
     return out
+
+
+HEAD_TO_HEAD = re.compile(
+    r"(?P<wheel>\w+):(?P<kind>[\w-]+):(?P<backend>(?:env=)?\w+)(?::(?P<flags>\w+(?:,\w+)*))?"
+)
+
+
+def head_to_head_variant(item: str) -> dict:
+    """``WHEEL:KIND:BACKEND[:FLAG,...]`` as a variant's fields (and ``label``, its name's
+    tail); ValueError, saying the form, for anything else."""
+    found = HEAD_TO_HEAD.fullmatch(item)
+    if not found:
+        raise ValueError(
+            f"--head-to-head {item}: expected WHEEL:KIND:BACKEND or WHEEL:KIND:env=BACKEND, "
+            "optionally :FLAG,... (boolean engine arguments to turn on)"
+        )
+    wheel, kind, backend, flags = found.group("wheel", "kind", "backend", "flags")
+    entry: dict = {"kind": kind, "wheel": wheel}
+    if backend.startswith("env="):
+        entry["fp8_env"] = backend[4:]
+    else:
+        entry["requested_backend"] = backend
+    label = f"{kind}-{wheel}-{backend.replace('=', '-')}"
+    if flags:
+        entry["engine_flags"] = flags.split(",")
+        label += "-" + "-".join(entry["engine_flags"])
+    return {**entry, "label": label}
 
 
 def gpu_slots(gpus: str | None, tensor_parallel_size: int) -> list[str | None]:
@@ -349,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         "--head-to-head",
         action="append",
         default=[],
-        help="WHEEL:KIND:BACKEND (or WHEEL:KIND:env=BACKEND)",
+        help="WHEEL:KIND:BACKEND (or WHEEL:KIND:env=BACKEND; BACKEND auto: the automatic "
+        "choice), optionally :FLAG,... to turn on boolean engine arguments "
+        "(e.g. official:fp8-static:auto:enable_flashinfer_autotune)",
     )
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument(
@@ -468,6 +495,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"unknown model {', '.join(unknown)}: choose from {', '.join(sorted(models.MODELS))}"
         )
+    for item in args.head_to_head:
+        try:
+            head_to_head_variant(item)
+        except ValueError as error:
+            parser.error(str(error))
     engine_env = dict(ROUTINGS[args.routing])  # what every engine of this run gets
     if args.share_deepgemm_cache:
         engine_env["DG_JIT_CACHE_DIR"] = str(args.staged / "deep_gemm-cache")

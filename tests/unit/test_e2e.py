@@ -349,7 +349,18 @@ def test_variants_alternate_the_wheel_order_and_add_head_to_heads():
     ]
     assert todo[4]["requested_backend"] == "cutlass" and "fp8_env" not in todo[4]
     assert todo[5]["fp8_env"] == "flashinfer_cutlass" and "requested_backend" not in todo[5]
+    assert [v["name"] for v in todo[4:]] == [
+        "m-a-patched-cutlass",
+        "m-b-patched-env-flashinfer_cutlass",
+    ]
     assert len({v["name"] for v in todo}) == len(todo)
+    # A fourth field turns on boolean engine arguments (FlashInfer's autotuner, say).
+    (tuned,) = run.variants(
+        "m", [], ["official"], ["official:fp8-static:auto:enable_flashinfer_autotune,x"]
+    )
+    assert tuned["requested_backend"] == "auto" and tuned["kind"] == "fp8-static"
+    assert tuned["engine_flags"] == ["enable_flashinfer_autotune", "x"]
+    assert tuned["name"] == "m-fp8-static-official-auto-enable_flashinfer_autotune-x"
     two = run.variants("m", ["a", "b"], ["official", "patched"], [], rounds=2)
     assert [(v["kind"], v["wheel"], v["round"]) for v in two] == [
         ("a", "official", 1),
@@ -365,6 +376,48 @@ def test_variants_alternate_the_wheel_order_and_add_head_to_heads():
     # Round 1 keeps the one-round names, so --rounds 2 --resume extends a one-round file.
     one = run.variants("m", ["a", "b"], ["official", "patched"], [], rounds=1)
     assert [v["name"] for v in two[:4]] == [v["name"] for v in one]
+
+
+def test_a_malformed_head_to_head_is_refused_in_one_line(staged_dir, tmp_path, capsys):
+    args = ["--staged", str(staged_dir), "--model", "tiny-qwen3-moe", "--out", str(tmp_path / "h")]
+    for item in ("patched:fp8-static", "patched:fp8-static:cutlass:", "a:b:c:d:e"):
+        with pytest.raises(SystemExit) as exit_:
+            run.main([*args, "--head-to-head", item])
+        assert exit_.value.code == 2
+        assert f"--head-to-head {item}: expected WHEEL:KIND:BACKEND" in capsys.readouterr().err
+    assert not (tmp_path / "h.json").exists()
+
+
+def test_engine_flags_reach_the_engine_arguments(fake_vllm, monkeypatch, tmp_path):
+    seen = {}
+    fake = FakeEngine()
+    fake.shutdown = lambda: None
+    modules = {
+        "vllm.engine.arg_utils": {"AsyncEngineArgs": lambda **kwargs: seen.update(kwargs)},
+        "vllm.usage.usage_lib": {"UsageContext": types.SimpleNamespace(OPENAI_API_SERVER=0)},
+        "vllm.v1.engine.async_llm": {
+            "AsyncLLM": types.SimpleNamespace(from_engine_args=lambda args, **_: fake)
+        },
+    }
+    for name, attributes in modules.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attributes)
+        monkeypatch.setitem(sys.modules, name, module)
+    sys.modules["vllm"].__version__, sys.modules["vllm"].__file__ = "0.21.0", "vllm/__init__.py"
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    spec = {
+        **run.DEFAULT_SPEC,
+        "model_dir": str(tmp_path),
+        "smoke": 4,
+        "engine_flags": ["enable_flashinfer_autotune"],
+    }
+    result = asyncio.run(engine.main_async(spec))
+    assert result["smoke_tokens"] == 4
+    assert seen["enable_flashinfer_autotune"] is True and seen["moe_backend"] == "auto"
+    del spec["engine_flags"]
+    seen.clear()
+    asyncio.run(engine.main_async(spec))
+    assert "enable_flashinfer_autotune" not in seen
 
 
 def test_gpu_slots_split_the_gpus_by_tensor_parallel_size():
