@@ -479,12 +479,15 @@ def staged_dir(tmp_path, monkeypatch):
     return tmp_path / "staged"
 
 
-def fake_engines(monkeypatch, failing=()):
+def fake_engines(monkeypatch, failing=(), wall_s=1.0, clock=None):
+    """Engines that take ``wall_s`` each (moving ``clock[0]`` on by as much, if given)."""
     started = []
 
     def fake_run_variant(staged, variant, spec, logs, timeout, gpus=None):
         started.append(variant["name"])
-        record = {**variant, "gpus": gpus, "returncode": 0, "log": "x.log", "wall_s": 1.0}
+        if clock is not None:
+            clock[0] += wall_s
+        record = {**variant, "gpus": gpus, "returncode": 0, "log": "x.log", "wall_s": wall_s}
         record["moe_backend"] = "TRITON"
         if variant["name"] in failing:
             return {**record, "returncode": 1}
@@ -549,29 +552,7 @@ def test_finish_before_starts_only_engines_that_can_end_in_time(
 ):
     now = [0.0]
     monkeypatch.setattr(run.time, "monotonic", lambda: now[0])
-    started = []
-
-    def engine_of_120_s(staged, variant, spec, logs, timeout, gpus=None):
-        started.append(variant["name"])
-        now[0] += 120
-        result = {
-            "startup_s": 1.0,
-            "first_ttft_s": 0.1,
-            "decode": {str(b): {"tpot_ms": [1.0], "median_ms": 1.0} for b in (1, 4, 16, 64)},
-            "throughput": {"output_tokens_per_s": 1.0},
-            "trace": {"ttft_p50_ms": 1.0, "ttft_p99_ms": 1.0, "triton_kernels_compiled": 0},
-        }
-        return {
-            **variant,
-            "gpus": gpus,
-            "returncode": 0,
-            "log": "x.log",
-            "wall_s": 120.0,
-            "moe_backend": "TRITON",
-            "result": result,
-        }
-
-    monkeypatch.setattr(run, "run_variant", engine_of_120_s)
+    started = fake_engines(monkeypatch, wall_s=120.0, clock=now)
     args = ["--staged", str(staged_dir), "--model", "tiny-qwen3-moe", "--out", str(tmp_path / "f")]
     args += ["--kinds", "fp8-static,fp8-block"]
     # Before any engine has run, the estimate decides: 300 s do not fit in 250.
