@@ -19,8 +19,9 @@ after the graph nodes they fuse, which may include the GEMM they feed (``..._sca
 they are elementwise or reduction kernels, so they count as ``quantization`` when they compute
 a scale (abs / max / clamp / reciprocal) and as ``other`` otherwise.  For the rest, the first
 matching rule wins, in the order of ``RULES``; FlashInfer's fused SiLU-and-mul (which also
-quantises for the second GEMM) is ``other``, as vLLM's own ``act_and_mul`` is.  A window keeps every kernel's time by name, so a
-result can be sorted again when the rules learn a name (``moe_e2e.report --refresh``).
+quantises for the second GEMM) is ``other``, as vLLM's own ``act_and_mul`` is.  A window keeps
+every kernel's time by name, so a result can be sorted again when the rules learn a name
+(``moe_e2e.report --refresh``).
 """
 
 from __future__ import annotations
