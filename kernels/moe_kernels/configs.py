@@ -22,12 +22,15 @@ named by the tree's own ``get_config_file_name``):
   tree launched there (the nearest), so a neighbour the series replaced does not
   take that M over;
 * a new file holds the searched token counts (the winner, or the tree's
-  default when nothing beat it by ``MIN_GAIN``) and, for larger batches,
+  default as the search timed it, with the split it offers, when nothing beat
+  it by ``MIN_GAIN``) and, for larger batches,
   the tree's own default at vLLM's usual batch sizes, so the file changes
   nothing where nothing was measured.
 
-Entries are in vLLM's format; ``SPLIT_K`` appears only when it is above 1, and
-``SWAP_AB`` only when it differs from the launcher's rule.
+Entries are in vLLM's format.  Every entry at a searched M names ``SPLIT_K``, even 1:
+the patched launcher offers a split to entries that do not (tables tuned before the
+kernel could split), and a search has decided.  ``SWAP_AB`` appears only when it
+differs from the launcher's rule.
 
     python -m moe_kernels.configs --tree /path/to/vllm tune.json [...] --out DIR
 """
@@ -65,12 +68,13 @@ def swap_rule(entry: dict) -> bool:
 
 
 def vllm_entry(config: dict) -> dict:
-    """A launch config as a table entry: vLLM's keys, SPLIT_K only above 1, SWAP_AB
-    only where it overrides the launcher's rule, and the narrow tile a series default
-    offers its launches (NARROW_TILE_STAGES), so an entry that keeps the dispatch's
-    config launches as the dispatch did."""
+    """A launch config as a table entry: vLLM's keys, SPLIT_K wherever the config names
+    it (even 1: an entry without it is offered the launcher's split), SWAP_AB only where
+    it overrides the launcher's rule, and the narrow tile a series default offers its
+    launches (NARROW_TILE_STAGES), so an entry that keeps the dispatch's config launches
+    as the dispatch did."""
     entry = {key: config[key] for key in ENTRY_KEYS if key in config}
-    if config.get("SPLIT_K", 1) > 1:
+    if "SPLIT_K" in config:
         entry["SPLIT_K"] = config["SPLIT_K"]
     if "NARROW_TILE_STAGES" in config:
         entry["NARROW_TILE_STAGES"] = config["NARROW_TILE_STAGES"]
@@ -205,16 +209,21 @@ def build_files(tree: Path, rows: dict) -> dict[str, tuple[dict, bool, list[str]
                     f"which the launcher in {tree} cannot take from a config; search again "
                     "without candidates that override the swap rule"
                 )
+            own = rows[(shape_name, quant, M)]["dispatch"]["config"]
             if entry is not None:
                 table[str(M)] = entry
             elif not shipped.exists():
-                table[str(M)] = _default(ns, shape, block, M)
-            elif str(M) not in released:
-                # The tree launched its nearest entry here; pinned, so the entries
-                # tuned at the neighbouring token counts do not take over this M.
+                # The tree's default, as the search timed it (with the split it offers).
+                table[str(M)] = vllm_entry(own)
+            else:
+                # The tree launched its nearest shipped entry here: kept with the split
+                # it was timed with (SPLIT_K 1 where the search's launcher offered splits
+                # to defaults only), and pinned where the file had no entry, so the
+                # entries tuned at the neighbouring token counts do not take over this M.
                 nearest = nearest_entry(released, M)
-                table[str(M)] = released[nearest]
-                why += f"; the shipped M={nearest} entry pinned at M={M}"
+                table[str(M)] = {**released[nearest], "SPLIT_K": own.get("SPLIT_K", 1)}
+                if nearest != str(M):
+                    why += f"; the shipped M={nearest} entry pinned at M={M}"
             log.append(f"M={M}: {'tuned' if entry else 'kept'} ({why})")
         if not shipped.exists():
             for M in LARGER_M:

@@ -210,14 +210,25 @@ def invoke_fused_moe_kernel(
     block_n = cfg["BLOCK_SIZE_N"]
     block_k = cfg.pop("BLOCK_SIZE_K")
     programs = _cdiv(EM, block_m) * _cdiv(N, block_n)
-    split_k = int(cfg.pop("SPLIT_K", 1))
+    named_split = cfg.pop("SPLIT_K", None)
+    split_k = 1 if named_split is None else int(named_split)
     if split_k > 1 and not loaded.has_split_k:
         raise ValueError(f"the kernel in {loaded.tree} does not implement SPLIT_K > 1")
     k_steps = _cdiv(B.size(2), block_k)  # the config's K tile, as the patch's launcher counts
     sm_count = (
         torch.cuda.get_device_properties(A.device).multi_processor_count if A.is_cuda else None
     )
-    if sm_count is not None and loaded.split_k_rule is not None:
+    if named_split is None and sm_count is not None and loaded.fill_split_rule is not None:
+        # A tuned entry that names no SPLIT_K: on a GPU the tree's launcher splits it only
+        # to fill an under-filled GPU, by its own rule.  In the interpreter such a config
+        # launches unsplit, as the harness's configs without SPLIT_K always have.
+        swaps = "SWAP_AB" in params and (
+            swap_ab
+            if swap_ab is not None
+            else upstream_swap_ab_default(use_fp8_w8a8, block_m, block_n, A.device)
+        )
+        split_k = loaded.fill_split_rule(use_fp8_w8a8, bool(swaps), programs, A.device)
+    elif sm_count is not None and loaded.split_k_rule is not None:
         split_k = loaded.split_k_rule(use_fp8_w8a8, split_k, programs, k_steps, A.device)
     else:
         split_k = patched_split_k(use_fp8_w8a8, split_k, programs, k_steps, sm_count)

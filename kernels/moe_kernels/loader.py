@@ -25,6 +25,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 FUSED_MOE_REL = Path("vllm/model_executor/layers/fused_moe/fused_moe.py")
@@ -92,7 +93,16 @@ CPU_SM_COUNT = 132
 
 
 class _SmCountPlatform:
-    """Stands in for vLLM's ``current_platform`` in a lifted launcher rule."""
+    """Stands in for vLLM's ``current_platform`` in a lifted launcher rule: CUDA on
+    Hopper, as the rules are measured."""
+
+    @staticmethod
+    def is_cuda() -> bool:
+        return True
+
+    @staticmethod
+    def is_device_capability(capability: int) -> bool:
+        return capability == 90
 
     @staticmethod
     def num_compute_units(device_index: int = 0) -> int:
@@ -162,6 +172,14 @@ class LoadedKernel:
         )
 
     @functools.cached_property
+    def fill_split_rule(self) -> Any:
+        """The tree launcher's own ``split_k_to_fill(use_fp8_w8a8, swap_ab, num_programs,
+        device)`` (moe-patch's: the K split of a tuned config that names no SPLIT_K, only
+        where a Swap-AB grid leaves SMs idle), lifted likewise (None: the tree has none,
+        and such a config launches unsplit, as vLLM's always did)."""
+        return self._launcher_rule("split_k_to_fill")
+
+    @functools.cached_property
     def resident_depth_rule(self) -> Any:
         """The tree launcher's own ``resident_depth_for(num_stages, num_programs,
         stage_bytes, device)`` (moe-patch's: fewer pipeline stages where that makes a
@@ -194,6 +212,7 @@ class LoadedKernel:
             "torch": torch,
             "triton": triton,
             "current_platform": _SmCountPlatform(),
+            "envs": SimpleNamespace(VLLM_BATCH_INVARIANT=False),
             **tree_constants(source),
         }
         exec(compile("\n\n".join(functions), str(self.source_path), "exec"), namespace)

@@ -42,7 +42,9 @@ def shipped_time(row: dict) -> tuple[dict, str]:
     return timed, "tuned"
 
 
-def cells(runs: list[dict]) -> list[dict]:
+def cells(
+    runs: list[dict], before: str = SERIES_BEFORE, releases: tuple[str, ...] = RELEASES
+) -> list[dict]:
     out = []
     for run in runs:
         for row in run["results"]:
@@ -52,29 +54,37 @@ def cells(runs: list[dict]) -> list[dict]:
                 {
                     "shape": row["shape"], "quant": row["quant"], "M": row["M"], "entry": how,
                     "us": timed["us"],
-                    **{label: peers[label]["us"] for label in (SERIES_BEFORE, *RELEASES)},
+                    **{label: peers[label]["us"] for label in (before, *releases)},
                     # per peer, the entry's slower GEMM against that peer's same GEMM
                     "gemm": {
                         label: min(
                             peers[label][f"{gemm}_us"] / timed[f"{gemm}_us"]
                             for gemm in ("up", "down")
                         )
-                        for label in (SERIES_BEFORE, *RELEASES)
+                        for label in (before, *releases)
                     },
                 }
             )  # fmt: skip
     return sorted(out, key=lambda c: (c["shape"], c["quant"], c["M"]))
 
 
-def markdown(names: list[str], found: list[dict]) -> str:
+def markdown(
+    names: list[str],
+    found: list[dict],
+    before: str = SERIES_BEFORE,
+    releases: tuple[str, ...] = RELEASES,
+    series: str = "0.20",
+) -> str:
     lines = [
-        "# The 0.20 series' H200 tables at vLLM's CUDA-graph sizes 24, 40, 48, 56",
+        f"# The {series} series' H200 tables at vLLM's CUDA-graph sizes 24, 40, 48, 56",
         "",
         "Written by `kernels/studies/capture_sizes.py` from "
         + ", ".join(f"`{n}`" for n in names)
         + ": per cell, both GEMMs of the layer summed over two routings (µs) with the "
-        f"entry the tables now launch, the series before the search (`{SERIES_BEFORE}`, "
-        "its nearest entry), and vLLM 0.21.0 and 0.33.0 with their own kernel and config. "
+        f"entry the tables now launch, the series before the search (`{before}`, "
+        "its nearest entry), and vLLM "
+        + " and ".join(releases)
+        + " with their own kernel and config. "
         "`kept`: the search found nothing 3% faster that keeps pace, and the file holds the "
         "config timed as the tree's own (the release's default or shipped entry). "
         "In-sample: the entries were chosen on these timings.",
@@ -83,7 +93,7 @@ def markdown(names: list[str], found: list[dict]) -> str:
         "| slowest single GEMM |",
         "|---|---|---|---|---|---|",
     ]
-    for peer in (SERIES_BEFORE, *RELEASES):
+    for peer in (before, *releases):
         ratios = [c[peer] / c["us"] for c in found]
         below = sum(r < 0.98 for r in ratios)
         lines.append(
@@ -93,16 +103,18 @@ def markdown(names: list[str], found: list[dict]) -> str:
     lines += [
         "",
         "| shape | quant | M | entry | µs | "
-        + " | ".join(f"`{p}` µs" for p in (SERIES_BEFORE, *RELEASES))
-        + f" | vs `{SERIES_BEFORE}` | vs 0.21.0 | vs 0.33.0 | slowest GEMM vs a peer |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        + " | ".join(f"`{p}` µs" for p in (before, *releases))
+        + f" | vs `{before}` | "
+        + " | ".join(f"vs {r}" for r in releases)
+        + " | slowest GEMM vs a peer |",
+        "|---|---|---|---|---|" + "---|" * (2 * (1 + len(releases)) + 1),
     ]
     for c in found:
         lines.append(
             f"| {c['shape']} | {c['quant']} | {c['M']} | {c['entry']} | {c['us']:.1f} | "
-            + " | ".join(f"{c[p]:.1f}" for p in (SERIES_BEFORE, *RELEASES))
+            + " | ".join(f"{c[p]:.1f}" for p in (before, *releases))
             + " | "
-            + " | ".join(f"{c[p] / c['us']:.3f}x" for p in (SERIES_BEFORE, *RELEASES))
+            + " | ".join(f"{c[p] / c['us']:.3f}x" for p in (before, *releases))
             + f" | {min(c['gemm'].values()):.3f}x |"
         )
     return "\n".join(lines) + "\n"
@@ -112,9 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, metavar="TUNE.json")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--before", default=SERIES_BEFORE, help="the peer that ran the series")
+    parser.add_argument(
+        "--release", action="append", help="a release peer (repeatable; default: 0.21.0, 0.33.0)"
+    )
+    parser.add_argument("--series", default="0.20", help="the series the tables belong to")
     args = parser.parse_args(argv)
+    releases = tuple(args.release or RELEASES)
     runs = [json.loads(p.read_text()) for p in args.runs]
-    text = markdown([p.name for p in args.runs], cells(runs))
+    found = cells(runs, args.before, releases)
+    text = markdown([p.name for p in args.runs], found, args.before, releases, args.series)
     emit(text, args.out)
     return 0
 

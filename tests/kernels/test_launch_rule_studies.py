@@ -227,3 +227,45 @@ def test_committed_out_of_sample_run_backs_the_per_launch_narrow_tile():
     assert len(layers[("0.21.0+s22", "0.33.0")]["below"]) == 5
     assert round(gemms[("0.21.0+moe", "0.33.0")]["geomean"], 3) == 1.028
     assert round(layers[("0.21.0+moe", "0.33.0")]["geomean"], 3) == 1.021
+
+
+def test_committed_fill_split_replay_is_the_studys_and_backs_the_rule():
+    """The H200 run behind split_k_to_fill: every split the shipped rule makes of an entry
+    vLLM ships was faster, and every split it declines (uneven grids, a 64-row tile) was
+    slower in the trial that offered them."""
+    import json
+
+    from studies import fill_split_replay as replay
+
+    bench = json.loads((LAUNCH_RULES / "h200-fill-split-bench.json").read_text())
+    committed = (LAUNCH_RULES / "h200-fill-split-replay.md").read_text()
+    assert committed == replay.report(bench)
+    sm_count = bench["environment"]["sm_count"]
+    made, declined = [], []
+    for key, variants in replay.cases(bench["rows"]).items():
+        offered, before = variants["0.21.0+offer"], variants["0.21.0+s29"]
+        if not before["row"]["config_source"].startswith("tuned"):
+            continue
+        if offered["row"]["split_k"] == before["row"]["split_k"]:
+            continue
+        ratio = before["us"] / offered["us"]
+        (made if replay.fill_splits(key, offered, before, sm_count) else declined).append(ratio)
+    assert len(made) == 5 and min(made) > 1.05
+    assert declined and max(declined) < 0.98
+
+
+def test_harness_fill_split_rule_is_the_patchs(release_trees):
+    """The harness lifts the series' split_k_to_fill and applies it to a config that names
+    no SPLIT_K; a release without the rule launches such a config unsplit."""
+    import torch
+    from moe_kernels import load_fused_moe_kernel
+    from moe_kernels.loader import CPU_SM_COUNT
+
+    cpu = torch.device("cpu")
+    for label in ("0.21.0+moe", "0.33.0+moe"):
+        rule = load_fused_moe_kernel(release_trees(label)).fill_split_rule
+        assert rule(True, True, CPU_SM_COUNT - 1, cpu) == 4
+        assert rule(True, True, CPU_SM_COUNT, cpu) == 1
+        assert rule(True, False, 1, cpu) == 1  # no Swap-AB: a 64-row tile, never split
+        assert rule(False, True, 1, cpu) == 1
+    assert load_fused_moe_kernel(release_trees("0.21.0")).fill_split_rule is None

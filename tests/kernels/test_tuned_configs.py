@@ -44,7 +44,7 @@ SEARCHES = {
         "h200-tune-peers-0.21.json",
         *CAPTURE_SEARCHES,
     ],
-    "0.33.0": ["h200-tune-split-k-0.33.json"],
+    "0.33.0": ["h200-tune-split-k-0.33.json", "h200-tune-capture-0.33.json"],
 }
 
 
@@ -92,15 +92,18 @@ def test_tables_keep_what_the_search_did_not_beat(release_trees):
         # Qwen3-30B per-tensor: no table in 0.21.0, so the file is new
         ("qwen3-30b-a3b", "tensor", 8): _row("qwen3-30b-a3b", "tensor", 8, 50.0, 49.5, SWAP_TILE),
     }  # fmt: skip
+    rows[("qwen3-30b-a3b", "tensor", 8)]["dispatch"]["config"] = {**SWAP_TILE, "SPLIT_K": 4}
     files = configs.build_files(tree, rows)
     mixtral_name = "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"
     shipped = json.loads((tree / CONFIGS_REL / mixtral_name).read_text())
     table, _, log = files[mixtral_name]
     # M=1 beat the shipped entry by 20%: replaced; SWAP_AB follows the rule, so it is left out
     assert table["1"] == {k: v for k, v in SWAP_TILE.items() if k != "SWAP_AB"} | {"SPLIT_K": 4}
-    # M=2 was within the noise margin: the shipped entry stays, as does every other one
-    assert {k: v for k, v in table.items() if k != "1"} == {
-        k: v for k, v in shipped.items() if k != "1"
+    # M=2 was within the noise margin: the shipped entry stays, naming the split it was
+    # timed with (none), so the launcher does not offer it one; every other entry is as shipped
+    assert table["2"] == {**shipped["2"], "SPLIT_K": 1}
+    assert {k: v for k, v in table.items() if k not in ("1", "2")} == {
+        k: v for k, v in shipped.items() if k not in ("1", "2")
     }
     assert log[1].startswith("M=2: kept")
 
@@ -108,10 +111,14 @@ def test_tables_keep_what_the_search_did_not_beat(release_trees):
     table, newline, _ = files[qwen_name]
     assert newline and not (tree / CONFIGS_REL / qwen_name).exists()
     ns = configs.tree_selection(str(tree), configs.GPU_NAME, None)
-    for M in (8, *configs.LARGER_M):
+    for M in configs.LARGER_M:
         default = ns["get_default_config"](M, 128, 768, 2048, 8, "fp8_w8a8", None)
         assert table[str(M)] == configs.vllm_entry(default), M
-    assert "SPLIT_K" not in table["8"]  # a default's SPLIT_K of 1 is not written
+        assert table[str(M)]["SPLIT_K"] == 1  # named: the launcher offers no split there
+    # M=8 kept the tree's default as the search timed it, with the split the tree offered
+    timed_default = rows[("qwen3-30b-a3b", "tensor", 8)]["dispatch"]["config"]
+    assert table["8"] == configs.vllm_entry(timed_default)
+    assert table["8"]["SPLIT_K"] == 4
 
 
 def test_a_kept_m_between_shipped_entries_is_pinned_to_the_entry_it_launched(release_trees):
@@ -127,9 +134,15 @@ def test_a_kept_m_between_shipped_entries_is_pinned_to_the_entry_it_launched(rel
         for M in (32, 40, 56)
     }  # every search within the noise: the tree's own is kept
     table, _, log = configs.build_files(tree, rows)[name]
-    assert table["40"] == shipped["32"]  # 32 and 48 are as near: vLLM takes the smaller
-    assert table["56"] == shipped["48"]
-    assert {k: v for k, v in table.items() if k not in ("40", "56")} == shipped
+    # 32 and 48 are as near: vLLM takes the smaller.  Each kept entry names the split it was
+    # timed with (none), so the launcher does not offer one where the search decided.
+    assert table["40"] == {**shipped["32"], "SPLIT_K": 1}
+    assert table["56"] == {**shipped["48"], "SPLIT_K": 1}
+    assert table["32"] == {**shipped["32"], "SPLIT_K": 1}
+    searched = ("32", "40", "56")
+    assert {k: v for k, v in table.items() if k not in searched} == {
+        k: v for k, v in shipped.items() if k not in searched
+    }
     assert list(table) == sorted(table, key=int)  # in vLLM's order
     assert "M=40: kept" in log[1] and "shipped M=32 entry pinned" in log[1]
     assert "pinned" not in log[0]
@@ -577,3 +590,22 @@ def test_committed_capture_size_report_is_the_studys_and_backs_the_patch_message
             assert min(c["gemm"][peer] for c in found) >= 0.98
     best = max(found, key=lambda c: c["0.21.0+moe"] / c["us"])
     assert (best["shape"], best["quant"], best["M"]) == ("deepseek-v3-tp8", "block", 40)
+
+
+def test_committed_0_25_capture_size_report_is_the_studys_and_backs_the_patch_message():
+    """The 0.25+ series' search at 24, 40, 48 and 56 tokens on 0.33.0: the committed report
+    is the study's, and none of its 32 cells is below 0.98x of the series before the search
+    or of 0.33.0 (in-sample, as the patch message says)."""
+    from studies import capture_sizes
+
+    names = ["h200-tune-capture-0.33.json"]
+    runs = [json.loads((RESULTS / n).read_text()) for n in names]
+    peers = ("0.33.0+moe", ("0.33.0",))
+    found = capture_sizes.cells(runs, *peers)
+    committed = (RESULTS.parent / "capture-sizes" / "h200-capture-sizes-0.33.md").read_text()
+    assert committed == capture_sizes.markdown(names, found, *peers, "0.25+")
+    assert len(found) == 32
+    for peer, geomean in (("0.33.0+moe", 1.018), ("0.33.0", 1.029)):
+        ratios = [c[peer] / c["us"] for c in found]
+        assert round(statistics.geometric_mean(ratios), 3) == geomean
+        assert min(ratios) >= 0.98

@@ -31,6 +31,8 @@ from moe_testdata import assert_gemm_matches, make_activations, make_routing, ma
 
 LAUNCHER_FUNCTIONS = (
     "split_k_for",
+    "split_k_to_fill",
+    "default_config_split_k",
     "pipeline_depth_for",
     "resident_depth_for",
     "invoke_fused_moe_triton_kernel",
@@ -91,6 +93,7 @@ def _launcher(tree, sm_count: int, sm90: bool):
     namespace: dict[str, Any] = {
         "Any": Any, "torch": torch, "triton": triton, "tl": tl,
         "current_platform": platform, "fused_moe_kernel": kernel,
+        "envs": SimpleNamespace(VLLM_BATCH_INVARIANT=False),
         # 0.33's tensor-descriptor path, which quantized launches never take
         "resolve_moe_use_td": lambda: False,
         "warn_if_moe_use_td_ineffective": lambda *args, **kwargs: None,
@@ -141,12 +144,9 @@ def test_patched_launcher_splits_k(release_trees, label, mode, sm_count, sm90, g
     assert_gemm_matches(C, ref)
 
 
-@pytest.mark.parametrize("sm90", [False, True], ids=["noswap", "swap"])
-@pytest.mark.parametrize("label", PATCHED_TREES)
-def test_patched_launcher_caps_pipeline_depth_when_swapping(
-    release_trees, label, sm90, gen, device
-):
-    invoke, kernel = _launcher(release_trees(label), 132, sm90)
+def _launch_per_tensor(invoke, config: dict, gen, device) -> None:
+    """One per-tensor FP8 launch of the real launcher with ``config`` on fresh data, its
+    product checked against the float64 reference."""
     if device.type == "cpu":
         interpreter_compat.apply()
     out_dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
@@ -155,8 +155,6 @@ def test_patched_launcher_caps_pipeline_depth_when_swapping(
     ids, tw = make_routing(M, TOPK, E, gen, device)
     bq, bs = quantize_weights(w, "tensor", None)
     a_q, a_s = quantize_activations(a, "tensor", None)
-    # K = 256 in 128-deep tiles: two K steps, so a 4-stage pipeline is two too deep.
-    config = {**CONFIG, "BLOCK_SIZE_K": 128, "SPLIT_K": 1, "num_stages": 4}
     sorted_ids, expert_ids, num_post = prepare_expert_assignment(
         ids, config["BLOCK_SIZE_M"], E, naive=False
     )
@@ -166,10 +164,37 @@ def test_patched_launcher_caps_pipeline_depth_when_swapping(
         compute_type_for(out_dtype), use_fp8_w8a8=True, use_int8_w8a8=False,
         use_int8_w8a16=False, use_int4_w4a16=False, per_channel_quant=False, block_shape=None,
     )  # fmt: skip
-    assert kernel.stages == [2 if sm90 else 4]  # only the Swap-AB kernel is capped
-    assert config["num_stages"] == 4, "the caller's config is left as it was"
+    assert not C.isnan().any(), "every row must be written (zeroed first when split)"
     ref = ref_fp8_moe_gemm(a_q, a_s, bq, bs, ids, "tensor", topk_weights=tw, mul_routed_weight=True)
     assert_gemm_matches(C, ref)
+
+
+@pytest.mark.parametrize("sm90", [False, True], ids=["noswap", "swap"])
+@pytest.mark.parametrize("sm_count", [132, 4], ids=["grid-below-SMs", "grid-fills-SMs"])
+@pytest.mark.parametrize("label", PATCHED_TREES)
+def test_patched_launcher_splits_an_entry_naming_no_split_only_to_fill_the_gpu(
+    release_trees, label, sm_count, sm90, gen, device
+):
+    """vLLM's own tables name no SPLIT_K: the launcher splits such an entry 4 ways only
+    where it swaps and its grid is smaller than the GPU, and the product stays right."""
+    invoke, kernel = _launcher(release_trees(label), sm_count, sm90)
+    entry = {k: v for k, v in CONFIG.items() if k != "SPLIT_K"}  # as vLLM's tables are
+    _launch_per_tensor(invoke, dict(entry), gen, device)
+    (grid,) = kernel.grids
+    assert grid[1] == (4 if sm90 and grid[0] < sm_count else 1)
+
+
+@pytest.mark.parametrize("sm90", [False, True], ids=["noswap", "swap"])
+@pytest.mark.parametrize("label", PATCHED_TREES)
+def test_patched_launcher_caps_pipeline_depth_when_swapping(
+    release_trees, label, sm90, gen, device
+):
+    invoke, kernel = _launcher(release_trees(label), 132, sm90)
+    # K = 256 in 128-deep tiles: two K steps, so a 4-stage pipeline is two too deep.
+    config = {**CONFIG, "BLOCK_SIZE_K": 128, "SPLIT_K": 1, "num_stages": 4}
+    _launch_per_tensor(invoke, config, gen, device)
+    assert kernel.stages == [2 if sm90 else 4]  # only the Swap-AB kernel is capped
+    assert config["num_stages"] == 4, "the caller's config is left as it was"
 
 
 # 132 SMs: the narrow grid splits K four ways, one step a slice, so two stages;

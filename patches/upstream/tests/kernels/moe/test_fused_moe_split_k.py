@@ -4,6 +4,8 @@
 W8A8, and only while the GEMM's grid is smaller than the GPU, or up to half as large
 again with a K loop long enough for every slice.
 default_config_split_k: without a tuned table, FP8 MoE on Hopper offers the same split.
+split_k_to_fill: a tuned entry that names no SPLIT_K splits only a Swap-AB grid
+smaller than the GPU.
 pipeline_depth_for: a Swap-AB launch pipelines its K loop over no more stages
 than the loop has steps.
 resident_depth_for: a Swap-AB grid slightly larger than what the SMs hold at once
@@ -120,3 +122,15 @@ def test_the_default_config_carries_the_split(monkeypatch: pytest.MonkeyPatch):
         (160, 640, 6144), (160, 6144, 320), 8, "fp8_w8a8", 1
     )
     assert config["SPLIT_K"] == 4
+
+
+def test_a_table_entry_naming_no_split_fills_an_idle_gpu_only(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    # vLLM's tables were tuned without split-K: a Swap-AB launch of their entry splits
+    # only while its grid is smaller than the GPU.
+    _hopper(monkeypatch)
+    assert fused_moe.split_k_to_fill(True, True, SM_COUNT - 1, DEVICE) == 4
+    assert fused_moe.split_k_to_fill(True, True, SM_COUNT, DEVICE) == 1
+    assert fused_moe.split_k_to_fill(True, False, 1, DEVICE) == 1  # 64-row tile
+    assert fused_moe.split_k_to_fill(False, True, 1, DEVICE) == 1
