@@ -183,6 +183,9 @@ def install_prebuilt(payload: Path, manifest: dict, site: Path) -> None:
 
 
 def stage(source: Path, into: Path) -> dict | None:
+    # Absolute (not resolved: a symlinked folder keeps its name), so the engines and
+    # the GPU test find the sites from any working directory.
+    into = into.absolute()
     into.mkdir(parents=True, exist_ok=True)
     done = into / "staged.json"
     bundle, missing = collect_parts(source, into)

@@ -53,7 +53,7 @@ def test_patched_engine_generates_on_triton(kind, tmp_path):
     assert record["returncode"] == 0, "\n".join(record.get("error_tail", []))
     result = record["result"]
     assert result["vllm_version"] == staged["patched_wheel"]["version"]
-    assert Path(result["vllm_path"]).parent == Path(staged["sites"]["patched"])
+    assert Path(result["vllm_path"]).parent.resolve() == Path(staged["sites"]["patched"]).resolve()
     assert result["smoke_tokens"] == TOKENS
     # The backend the engine chose, in its own words: the selector's Hopper rule names Triton.
     assert record["moe_backend"] == "TRITON"

@@ -195,6 +195,18 @@ def test_stage_installs_both_sides_checked_against_their_records(monkeypatch, wh
     assert stage.stage(parts, into) == summary  # done once, not redone
 
 
+def test_stage_records_absolute_sites_from_a_relative_folder(monkeypatch, wheels, tmp_path):
+    """Staged with ``--into staged`` from kernels/, the engines and the GPU test read the
+    sites from other working directories (on the H200 a relative one made the test's
+    engines fail to import vLLM)."""
+    parts = _payload_without_pip(monkeypatch, wheels, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    summary = stage.stage(parts, Path("staged"))
+    for site in summary["sites"].values():
+        assert Path(site).is_absolute() and Path(site).parent == tmp_path / "staged"
+    assert Path(summary["sites"]["patched"], "vllm/kernel.py").is_file()
+
+
 def test_stage_waits_for_missing_parts_and_refuses_a_damaged_one(monkeypatch, wheels, tmp_path):
     parts = _payload_without_pip(monkeypatch, wheels, tmp_path)
     held = tmp_path / "held"
