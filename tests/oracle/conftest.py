@@ -37,6 +37,8 @@ TIMINGS: list[str] = []
 @dataclass
 class Oracle:
     version: str
+    env: venvs.Env
+    trees: dict[str, Path]  # "patched": the whole series; "upstream": without backend-selector
     # answers[(tree, flashinfer)][scenario id]; tree is "patched" or "upstream"
     answers: dict[tuple[str, bool], dict[str, dict]] = field(default_factory=dict)
 
@@ -100,7 +102,7 @@ def oracle(request, tmp_path_factory) -> Oracle:
         else f"reused (built in {env.info.get('build_seconds', '?')} s)"
     )
     env_done = time.perf_counter()
-    result = Oracle(version)
+    result = Oracle(version, env, trees)
     jobs = [(t, fi) for t in ("patched", "upstream") for fi in (True, False)]
     with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
         futures = {job: pool.submit(_run_driver, env, trees[job[0]], job[1], work) for job in jobs}

@@ -7,9 +7,10 @@ release trees::
     <moe_patch.cache.root()>/locks/env-oracle-<key>.lock
 
 Recipe: a CPU build of torch plus the release's ``requirements/common.txt``
-(vLLM's own list of what its Python code imports on every platform).  The key
-hashes the recipe (interpreter version, torch requirement, the bytes of
-common.txt), so releases whose common.txt is the same share one environment,
+(vLLM's own list of what its Python code imports on every platform), and the
+pytest this test run uses (to run the series' upstream tests inside the tree).
+The key hashes the recipe (interpreter version, torch requirement, pytest
+version, the bytes of common.txt), so releases whose common.txt is the same share one environment,
 and an edit to any part builds a new one.
 
 torch: the releases pin a CUDA torch in requirements/cuda.txt (2.11.0 for
@@ -34,6 +35,7 @@ path; a venv's interpreter finds its site-packages from its own location).
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -47,7 +49,8 @@ from pathlib import Path
 from moe_patch import cache
 
 DEFAULT_TORCH = "torch==2.13.0"
-RECIPE = 1  # bump when the way environments are built changes
+RECIPE = 2  # bump when the way environments are built changes
+PYTEST = f"pytest=={importlib.metadata.version('pytest')}"
 MARKER = "moe-patch-env.json"
 
 
@@ -72,6 +75,7 @@ def key(common_txt: bytes, torch: str) -> str:
         f"recipe {RECIPE}",
         f"python {sys.version_info.major}.{sys.version_info.minor}",
         f"torch {torch}",
+        PYTEST,
     ):
         digest.update(part.encode() + b"\n")
     digest.update(common_txt)
@@ -126,6 +130,7 @@ def _build(work: Path, common: bytes, torch: str) -> dict:
     version = _run([str(python), "-c", "import torch; print(torch.__version__)"], log)
     constraints.write_text(f"torch=={version.strip()}\n")
     _run(pip + ["-r", str(work / "common.txt"), "-c", str(constraints)], log)
+    _run(pip + [PYTEST, "-c", str(constraints)], log)
     check = "import torch, transformers, pydantic; print(torch.version.cuda)"
     cuda = _run([str(python), "-c", check], log).strip()
     if cuda != "None":
@@ -138,6 +143,7 @@ def _build(work: Path, common: bytes, torch: str) -> dict:
         "python": sys.version.split()[0],
         "torch": version.strip(),
         "torch_requirement": torch,
+        "pytest": PYTEST,
     }
 
 
