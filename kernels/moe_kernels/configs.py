@@ -28,8 +28,9 @@ named by the tree's own ``get_config_file_name``):
   nothing where nothing was measured.
 
 Entries are in vLLM's format.  Every entry at a searched M names ``SPLIT_K``, even 1:
-the patched launcher offers a split to entries that do not (tables tuned before the
-kernel could split), and a search has decided.  ``SWAP_AB`` appears only when it
+the patched launcher splits an entry that does not where its Swap-AB grid leaves SMs
+idle (``split_k_to_fill``: tables tuned before the kernel could split), and a search
+has decided.  ``SWAP_AB`` appears only when it
 differs from the launcher's rule.
 
     python -m moe_kernels.configs --tree /path/to/vllm tune.json [...] --out DIR
@@ -69,7 +70,7 @@ def swap_rule(entry: dict) -> bool:
 
 def vllm_entry(config: dict) -> dict:
     """A launch config as a table entry: vLLM's keys, SPLIT_K wherever the config names
-    it (even 1: an entry without it is offered the launcher's split), SWAP_AB only where
+    it (even 1: the launcher may split an entry without it), SWAP_AB only where
     it overrides the launcher's rule, and the narrow tile a series default offers its
     launches (NARROW_TILE_STAGES), so an entry that keeps the dispatch's config launches
     as the dispatch did."""
