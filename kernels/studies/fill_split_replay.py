@@ -52,18 +52,22 @@ def cases(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
     }
 
 
+def launched_grid(key: tuple, row: dict) -> int:
+    """Programs of the launch ``row`` timed (its tile as launched, before any K split)."""
+    shape, _, gemm, M = key
+    config = row["config"]
+    block_n = row.get("launched", {}).get("BLOCK_SIZE_N", config["BLOCK_SIZE_N"])
+    return launch_programs(SHAPES[shape], gemm, M, config["BLOCK_SIZE_M"], block_n)
+
+
 def fill_splits(key: tuple, offered: dict, before: dict, sm_count: int) -> bool:
     """Whether the shipped rule splits this launch: the trial split an entry that named no
     SPLIT_K (as launched before the rule), the launch swaps, and its grid is smaller than
     the GPU."""
-    shape, _, gemm, M = key
     row = offered["row"]
-    config = row["config"]
     if row["split_k"] <= 1 or "SPLIT_K" in before["row"]["config"] or not row["swap_ab"]:
         return False
-    block_n = row.get("launched", {}).get("BLOCK_SIZE_N", config["BLOCK_SIZE_N"])
-    programs = launch_programs(SHAPES[shape], gemm, M, config["BLOCK_SIZE_M"], block_n)
-    return programs < sm_count
+    return launched_grid(key, row) < sm_count
 
 
 def report(bench: dict) -> str:
@@ -85,7 +89,7 @@ def report(bench: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     shipped_gain, trial_only = [], []
-    for key in sorted(table, key=lambda k: (k[0], k[1], k[2], k[3])):
+    for key in sorted(table):
         variants = table[key]
         for offer, before, release in PAIRS:
             if offer not in variants:
@@ -94,9 +98,7 @@ def report(bench: dict) -> str:
             tuned = base["row"]["config_source"].startswith("tuned")
             if not tuned or offered["row"]["split_k"] == base["row"]["split_k"]:
                 continue
-            config = offered["row"]["config"]
-            block_n = offered["row"].get("launched", {}).get("BLOCK_SIZE_N", config["BLOCK_SIZE_N"])
-            grid = launch_programs(SHAPES[key[0]], key[2], key[3], config["BLOCK_SIZE_M"], block_n)
+            grid = launched_grid(key, offered["row"])
             splits = fill_splits(key, offered, base, sm_count)
             shipped = offered if splits else base
             trial = base["us"] / offered["us"]
