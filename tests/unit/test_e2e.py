@@ -579,6 +579,43 @@ def test_finish_before_starts_only_engines_that_can_end_in_time(
     assert run.main([*args, "--resume"]) == 0 and len(started) == 4
 
 
+def test_finish_before_leaves_out_the_engine_that_filled_the_deepgemm_cache(
+    monkeypatch, staged_dir, tmp_path
+):
+    """The first block engine builds DeepGEMM's kernels (minutes); once the shared cache holds
+    them, the next engines are judged by the warm ones, so a second block engine still starts."""
+    now = [0.0]
+    monkeypatch.setattr(run.time, "monotonic", lambda: now[0])
+    started = fake_engines(monkeypatch)
+    engine = run.run_variant
+    cache = staged_dir / "deep_gemm-cache"
+
+    def building_engine(staged, variant, *args, **kwargs):
+        cold = not (cache.is_dir() and any(cache.iterdir()))
+        cache.mkdir(exist_ok=True)
+        (cache / "kernel.cubin").write_text("built")
+        wall_s = 330.0 if cold else 170.0
+        now[0] += wall_s
+        record = engine(staged, variant, *args, **kwargs)
+        return {**record, "wall_s": wall_s, "deepgemm_cache": "cold" if cold else "warm"}
+
+    monkeypatch.setattr(run, "run_variant", building_engine)
+    args = ["--staged", str(staged_dir), "--model", "tiny-qwen3-moe", "--out", str(tmp_path / "b")]
+    args += ["--kinds", "fp8-block", "--share-deepgemm-cache", "--finish-before", "560"]
+    args += ["--engine-estimate", "200"]
+    # Cold 330 s, then warm 170 s, judged by the estimate until a warm engine has run: both end
+    # by 560 s, where judging by the cold engine would have started only one.
+    assert run.main(args) == 0
+    assert len(started) == 2
+    # On a new machine the cache is empty again: the next engine builds it, so the cold
+    # engine's 330 s is the estimate, and 300 s are too few (170 s would have been enough).
+    for built in cache.iterdir():
+        built.unlink()
+    now[0] = 0.0
+    assert run.main([*args, "--rounds", "2", "--resume", "--finish-before", "300"]) == 3
+    assert len(started) == 2
+
+
 def engines_recording_variants(monkeypatch) -> list[dict]:
     """Fake engines; the list fills with every variant run starts."""
     seen = []
