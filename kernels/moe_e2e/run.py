@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -167,6 +168,24 @@ def has_flashinfer(staged: dict) -> bool:
     return flashinfer_facts(staged) is not None
 
 
+def start_engine(command: list[str], env: dict, log, timeout: float) -> int | str:
+    """Run an engine process in its own session; its exit code, or "timeout" after killing
+    the whole session (vLLM's engine-core and compile workers too, which would otherwise keep
+    the GPU's memory from the next engine)."""
+    proc = subprocess.Popen(
+        command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        return "timeout"
+
+
 def run_variant(
     staged: dict, variant: dict, spec: dict, logs: Path, timeout: float, gpus: str | None = None
 ) -> dict:
@@ -202,18 +221,12 @@ def run_variant(
             deepgemm_cache = "warm" if any(Path(shared).iterdir()) else "cold"
         started = time.time()
         with open(log_path, "w") as log:
-            try:
-                proc = subprocess.run(
-                    [sys.executable, "-m", "moe_e2e.engine", str(scratch / "spec.json")],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    timeout=timeout,
-                    start_new_session=True,
-                )
-                returncode = proc.returncode
-            except subprocess.TimeoutExpired:
-                returncode = "timeout"
+            returncode = start_engine(
+                [sys.executable, "-m", "moe_e2e.engine", str(scratch / "spec.json")],
+                env,
+                log,
+                timeout,
+            )
         text = log_path.read_text(errors="replace")
         record = {
             **variant,
@@ -444,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECONDS",
         help="start no variant that would not end SECONDS after the command began (a device "
         "call's time limit), judged by the longest engine of the result file so far, or "
-        "--engine-estimate before one has run; what is left runs with --resume (exit code 3)",
+        "--engine-estimate before one has run, and stop one still running then; what is left "
+        "runs with --resume (exit code 3)",
     )
     parser.add_argument(
         "--engine-estimate",
@@ -503,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(error))
     engine_env = dict(ROUTINGS[args.routing])  # what every engine of this run gets
     if args.share_deepgemm_cache:
-        engine_env["DG_JIT_CACHE_DIR"] = str(args.staged / "deep_gemm-cache")
+        engine_env["DG_JIT_CACHE_DIR"] = str(args.staged.resolve() / "deep_gemm-cache")
     began = time.monotonic()
     clock = Deadlines(
         start_by=None if args.start_before is None else began + args.start_before,
@@ -632,6 +646,12 @@ class Deadlines:
         ]
         return now + max(walls, default=self.engine_estimate) <= self.finish_by
 
+    def seconds_left(self) -> float:
+        """Until ``finish_by``: an engine still running then is stopped (inf: no limit)."""
+        if self.finish_by is None:
+            return float("inf")
+        return max(self.finish_by - time.monotonic(), 0.0)
+
 
 def deepgemm_filled(group: list[dict]) -> bool:
     """Whether the group's engines find the shared DeepGEMM cache already built."""
@@ -661,7 +681,16 @@ def run_model(
         if left or not clock.allow(report, deepgemm_filled(group)):
             left += [variant["name"] for variant in group]
             continue
-        records = run_group(staged, group, spec, logs, timeout, slots)
+        cut_at = clock.seconds_left()
+        records = run_group(staged, group, spec, logs, min(timeout, cut_at), slots)
+        if cut_at < timeout:  # stopped by --finish-before, not by its own timeout: not failed
+            stopped = [r for r in records if r["returncode"] == "timeout"]
+            left += [r["name"] for r in stopped]
+            records = [r for r in records if r not in stopped]
+            for record in stopped:
+                print(
+                    f"{record['name']}: stopped at --finish-before, left for --resume", flush=True
+                )
         report["variants"].extend(records)
         result_path(out).write_text(json.dumps(report, indent=2) + "\n")
         for record in records:

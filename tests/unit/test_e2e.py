@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import types
 import zipfile
 from pathlib import Path
@@ -491,6 +492,17 @@ def staged_dir(tmp_path, monkeypatch):
     return tmp_path / "staged"
 
 
+def fake_result() -> dict:
+    """An engine's result with every figure the report reads."""
+    return {
+        "startup_s": 1.0,
+        "first_ttft_s": 0.1,
+        "decode": {str(b): {"tpot_ms": [1.0], "median_ms": 1.0} for b in (1, 4, 16, 64)},
+        "throughput": {"output_tokens_per_s": 1.0},
+        "trace": {"ttft_p50_ms": 1.0, "ttft_p99_ms": 1.0, "triton_kernels_compiled": 0},
+    }
+
+
 def fake_engines(monkeypatch, failing=(), wall_s=1.0, clock=None):
     """Engines that take ``wall_s`` each (moving ``clock[0]`` on by as much, if given)."""
     started = []
@@ -503,14 +515,7 @@ def fake_engines(monkeypatch, failing=(), wall_s=1.0, clock=None):
         record["moe_backend"] = "TRITON"
         if variant["name"] in failing:
             return {**record, "returncode": 1}
-        result = {
-            "startup_s": 1.0,
-            "first_ttft_s": 0.1,
-            "decode": {str(b): {"tpot_ms": [1.0], "median_ms": 1.0} for b in (1, 4, 16, 64)},
-            "throughput": {"output_tokens_per_s": 1.0},
-            "trace": {"ttft_p50_ms": 1.0, "ttft_p99_ms": 1.0, "triton_kernels_compiled": 0},
-        }
-        return {**record, "result": result}
+        return {**record, "result": fake_result()}
 
     monkeypatch.setattr(run, "run_variant", fake_run_variant)
     return started
@@ -614,6 +619,56 @@ def test_finish_before_leaves_out_the_engine_that_filled_the_deepgemm_cache(
     now[0] = 0.0
     assert run.main([*args, "--rounds", "2", "--resume", "--finish-before", "300"]) == 3
     assert len(started) == 2
+
+
+def test_finish_before_stops_an_engine_still_running_and_leaves_it_for_resume(
+    monkeypatch, staged_dir, tmp_path, capsys
+):
+    """An engine that outlives the estimate is stopped at --finish-before (a device call's
+    limit would kill the whole command, and the results measured before it with it)."""
+    now = [0.0]
+    monkeypatch.setattr(run.time, "monotonic", lambda: now[0])
+    timeouts = []
+
+    def engine(staged, variant, spec, logs, timeout, gpus=None):
+        timeouts.append(timeout)
+        wall_s = 100.0 if not timeouts[:-1] else 250.0  # the second overruns
+        now[0] += min(wall_s, timeout)
+        record = {**variant, "gpus": gpus, "log": "x.log", "wall_s": min(wall_s, timeout)}
+        if wall_s > timeout:
+            return {**record, "returncode": "timeout", "moe_backend": None}
+        return {**record, "returncode": 0, "moe_backend": "TRITON", "result": fake_result()}
+
+    monkeypatch.setattr(run, "run_variant", engine)
+    out = tmp_path / "cut"
+    args = ["--staged", str(staged_dir), "--model", "tiny-qwen3-moe", "--out", str(out)]
+    args += ["--kinds", "fp8-static", "--timeout", "900", "--finish-before", "300"]
+    assert run.main([*args, "--engine-estimate", "100"]) == 3
+    assert timeouts == [300.0, 200.0]  # the second engine may run only until 300 s
+    assert "stopped at --finish-before" in capsys.readouterr().out
+    report = json.loads((tmp_path / "cut.json").read_text())
+    assert [v["wheel"] for v in report["variants"]] == ["official"]  # not recorded as failed
+
+
+def test_an_engine_past_its_timeout_is_killed_with_its_children(tmp_path):
+    """vLLM's engine core is a child of the engine process: a timeout ends both."""
+    marker = tmp_path / "child.pid"
+    script = f"sleep 60 & echo $! > {marker}; wait"
+    with open(tmp_path / "log", "w") as log:
+        started = time.monotonic()
+        assert run.start_engine(["sh", "-c", script], dict(os.environ), log, 1.0) == "timeout"
+    assert time.monotonic() - started < 30
+    child = int(marker.read_text())
+    for _ in range(50):  # the kill is asynchronous: give the kernel a moment to reap it
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the engine's child outlived the timeout")
+    with open(tmp_path / "log", "w") as log:
+        assert run.start_engine(["sh", "-c", "exit 7"], dict(os.environ), log, 10.0) == 7
 
 
 def engines_recording_variants(monkeypatch) -> list[dict]:
@@ -1034,14 +1089,14 @@ def test_a_shared_deepgemm_cache_is_marked_cold_for_the_engine_that_fills_it(mon
     shared = tmp_path / "deep_gemm-cache"
     seen = []
 
-    def fake_engine(command, env, stdout, **kwargs):
+    def fake_engine(command, env, log, timeout):
         seen.append(env["DG_JIT_CACHE_DIR"])
         (Path(env["DG_JIT_CACHE_DIR"]) / "kernel.cubin").write_text("built")
         spec = json.loads(Path(command[-1]).read_text())
         Path(spec["out"]).write_text(json.dumps({"startup_s": 1.0}))
-        return types.SimpleNamespace(returncode=0)
+        return 0
 
-    monkeypatch.setattr(run.subprocess, "run", fake_engine)
+    monkeypatch.setattr(run, "start_engine", fake_engine)
     staged = {"sites": {"patched": "p", "deps": "d"}, "models": str(tmp_path), "dependencies": []}
     variant = {"name": "m-fp8-block-patched", "model": "m", "kind": "fp8-block", "wheel": "patched"}
     variant["env"] = {"DG_JIT_CACHE_DIR": str(shared)}
@@ -1049,6 +1104,18 @@ def test_a_shared_deepgemm_cache_is_marked_cold_for_the_engine_that_fills_it(mon
     second = run.run_variant(staged, variant, dict(run.DEFAULT_SPEC), tmp_path, 10)
     assert (first["deepgemm_cache"], second["deepgemm_cache"]) == ("cold", "warm")
     assert seen == [str(shared)] * 2 and first["result"] == {"startup_s": 1.0}
+
+
+def test_the_shared_deepgemm_cache_is_an_absolute_path(monkeypatch, staged_dir):
+    """DeepGEMM's compiler does not run where ``run`` was started: a relative cache path made
+    every kernel build fail (``cc1plus: fatal error: staged/deep_gemm-cache/...``,
+    both wheels' block-FP8 engines on the H200, results/e2e/h200-e2e-deepgemm-cache-*.log)."""
+    seen = engines_recording_variants(monkeypatch)
+    monkeypatch.chdir(staged_dir.parent)
+    args = ["--staged", "staged", "--model", "tiny-qwen3-moe", "--kinds", "fp8-block"]
+    assert run.main([*args, "--out", "r", "--share-deepgemm-cache"]) == 0
+    cache = {v["env"]["DG_JIT_CACHE_DIR"] for v in seen}
+    assert cache == {str(staged_dir.resolve() / "deep_gemm-cache")}
 
 
 def test_a_shared_deepgemm_cache_needs_one_gpu_slot(staged_dir, tmp_path):
