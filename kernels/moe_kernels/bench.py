@@ -5,8 +5,9 @@ intermediate -> hidden with routed weights), quantisation and token count M,
 every variant (a tree, its launch config chosen by that tree's own dispatch)
 is timed in one CUDA graph holding ``LAUNCHES`` back-to-back launches that
 rotate over ``COPIES`` separate weight copies (so weights come from HBM, not
-the 60 MB L2), replayed ``REPLAYS``
-times; the median replay divided by ``LAUNCHES`` is the time per call.  The
+the 60 MB L2), replayed ``REPLAYS`` times, the variants of a case taking turns
+(one replay each per round, so a change of the GPU's state reaches them alike);
+the median replay divided by ``LAUNCHES`` is the time per call.  The
 output is poisoned with NaN and checked against a float64 reference on the
 first and last weight copy before timing.
 
@@ -52,15 +53,17 @@ from .measure import (
     SHAPES,
     WARMUP_REPLAYS,
     Variant,
+    captured,
+    checked_variant,
     floor_bytes,
     gemm_dims,
-    graph_time_us,
+    interleaved_times_us,
     make_case,
     make_weights,
     measure_bandwidth,
     record_header,
     routing,
-    time_variant,
+    time_variants,
     write_report,
 )
 from .quant import quantize_activations
@@ -103,11 +106,10 @@ def run_case(variants, shape, gemm, quant, M, weights_q, gen, bandwidth) -> list
     nbytes = floor_bytes(shape, gemm, quant, ids, *weights_q[0], a_q, a_scale, M * shape.topk)
     floor_us = nbytes / bandwidth["read_gbps"] / 1e3
     refs: dict[int, torch.Tensor] = {}
-    results = []
-    for variant in variants:
-        row = time_variant(variant, case, weights_q, refs)
+    checked = [checked_variant(variant, case, weights_q, refs) for variant in variants]
+    results = time_variants(checked)
+    for row in results:
         row.update(floor_us=floor_us, fraction_of_floor=floor_us / row["us"], bytes=nbytes)
-        results.append(row)
     return results
 
 
@@ -176,13 +178,13 @@ def run_layer_case(variants, shape, quant, M, weights, gen, bandwidth) -> list[d
         measured[variant.label] = (all_copies, calls, config, source, swap, run, error)
     # In one process the first layer graph timed ran ~15% faster than the same graph
     # timed again later (H200, Qwen3-30B M=1: 55 vs 64-65 µs, whichever variant came
-    # first): one warm-up timing is discarded, then two rounds in opposite orders.
-    graph_time_us(measured[variants[0].label][0])
-    per_call: dict[str, list[float]] = {v.label: [] for v in variants}
-    for order in (variants, variants[::-1]):
-        for variant in order:
-            all_copies, calls = measured[variant.label][:2]
-            per_call[variant.label] += [t / calls for t in graph_time_us(all_copies)]
+    # first), when each variant's replays ran one after another's: the variants' replays
+    # now take turns, after untimed rounds, twice as many as a GEMM's.
+    graphs = [captured(measured[v.label][0]) for v in variants]
+    per_call = {
+        variant.label: [t / measured[variant.label][1] for t in series]
+        for variant, series in zip(variants, interleaved_times_us(graphs, 2 * REPLAYS), strict=True)
+    }
     results = []
     for variant in variants:
         _, _, config, source, swap, run, error = measured[variant.label]

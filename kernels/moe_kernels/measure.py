@@ -2,7 +2,8 @@
 
 * Timing: a CUDA graph holding ``LAUNCHES`` back-to-back calls that rotate over
   ``COPIES`` weight copies (so weights come from HBM, not L2), ``WARMUP_REPLAYS``
-  untimed replays, then ``REPLAYS`` timed ones (:func:`graph_time_us`); the
+  untimed replays, then ``REPLAYS`` timed ones (:func:`graph_time_us`; several graphs
+  replayed in turn: :func:`interleaved_times_us`); the
   streaming-read and copy bandwidth the floors are computed from
   (:func:`measure_bandwidth`).
 * Shapes: the model shapes (:data:`SHAPES`) and the ``up`` / ``down`` GEMMs' weight
@@ -26,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,29 +129,50 @@ def sm_count(cpu_fallback: int) -> int:
     return cpu_fallback
 
 
-def graph_time_us(fn, replays: int = REPLAYS) -> list[float]:
-    """Per-replay µs of a CUDA graph holding one call of ``fn``, after
-    ``WARMUP_REPLAYS`` untimed replays."""
+def captured(fn) -> Callable[[], None]:
+    """A replay of a CUDA graph holding one call of ``fn`` (on the CPU: ``fn`` itself)."""
     if DEVICE == "cpu":
-        started = time.perf_counter()
-        fn()
-        return [(time.perf_counter() - started) * 1e6]
+        return fn
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
+    return graph.replay
+
+
+def interleaved_times_us(replays_of: list[Callable[[], None]], replays: int = REPLAYS):
+    """Per-replay µs of each of several graphs (:func:`captured`), replayed in turn: each
+    round replays every graph once, after ``WARMUP_REPLAYS`` untimed rounds.  A change of
+    the GPU's state during the measurement (clocks, power) then reaches every graph alike
+    instead of one graph's whole series of replays.  On the CPU each runs once."""
+    if DEVICE == "cpu":
+        times = []
+        for replay in replays_of:
+            started = time.perf_counter()
+            replay()
+            times.append([(time.perf_counter() - started) * 1e6])
+        return times
     for _ in range(WARMUP_REPLAYS):
-        graph.replay()
-    times = []
+        for replay in replays_of:
+            replay()
+    times = [[] for _ in replays_of]
     for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
+        for replay, series in zip(replays_of, times, strict=True):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            replay()
+            end.record()
+            end.synchronize()
+            series.append(start.elapsed_time(end) * 1e3)
     return times
+
+
+def graph_time_us(fn, replays: int = REPLAYS) -> list[float]:
+    """Per-replay µs of a CUDA graph holding one call of ``fn``, after
+    ``WARMUP_REPLAYS`` untimed replays."""
+    return interleaved_times_us([captured(fn)], replays)[0]
 
 
 def measure_bandwidth(gib: float = 4.0) -> dict[str, float]:
@@ -255,6 +278,35 @@ def time_variant(
     """Check one variant on the first and last weight copy, then time it.
 
     ``config`` overrides the tree's own dispatch (for tuning)."""
+    return time_variants([checked_variant(variant, case, weights_q, refs, config)], replays)[0]
+
+
+def time_variants(
+    checked: list[tuple[dict, Callable[[], None], int]], replays: int = REPLAYS
+) -> list[dict]:
+    """The rows of checked variants of one case (:func:`checked_variant`), timed together
+    (:func:`interleaved_times_us`), so that every variant sees the same GPU states.  A
+    row's ``wall_s``: its check plus its share of the timing."""
+    started = time.monotonic()
+    times = interleaved_times_us([captured(calls) for _, calls, _ in checked], replays)
+    timing_s = (time.monotonic() - started) / len(checked)
+    return [
+        {
+            **row,
+            "us": statistics.median(per_call := [t / launches for t in series]),
+            "us_all": per_call,
+            "wall_s": round(row["check_s"] + timing_s, 3),
+        }
+        for (row, _, launches), series in zip(checked, times, strict=True)
+    ]
+
+
+def checked_variant(
+    variant: Variant, case: dict, weights_q, refs: dict, config: dict | None = None
+) -> tuple[dict, Callable[[], None], int]:
+    """One variant's row before timing (its config, launch and errors against the float64
+    reference on the first and last weight copy), the call a graph times, and the kernel
+    launches that call makes.  ``config`` overrides the tree's own dispatch (for tuning)."""
     shape, quant, M, block = case["shape"], case["quant"], case["M"], case["block"]
     if config is None:
         config, source = config_for(
@@ -327,8 +379,7 @@ def time_variant(
         for i in range(launches):
             launch(i % COPIES)
 
-    per_call = [t / launches for t in graph_time_us(all_copies, replays)]
-    return {
+    row = {
         "shape": shape.name,
         "gemm": case["gemm"],
         "quant": quant,
@@ -341,15 +392,14 @@ def time_variant(
         # the tile and depth launched, where the tree's launcher rules changed the config's
         "launched": {"BLOCK_SIZE_N": args["BLOCK_SIZE_N"], "num_stages": args.get("num_stages")},
         "naive": sorted_ids is None,
-        "us": statistics.median(per_call),
-        "us_all": per_call,
         "experts_hit": int(torch.unique(case["ids"]).numel()),
         "rel_error": errors,
         "correct": bool(correct),
         # where a run's time goes: the first launch (compilation), and the whole row
         "first_launch_s": round(first_launch_s, 3),
-        "wall_s": round(time.monotonic() - started, 3),
+        "check_s": round(time.monotonic() - started, 3),
     }
+    return row, all_copies, launches
 
 
 def command_line(module: str, argv: list[str] | None) -> str:

@@ -40,6 +40,45 @@ def test_bench_runs_and_checks_every_variant(release_trees, tmp_path):
     assert rows[0]["swap_ab"] is None  # 0.21.0 has no SWAP_AB parameter
 
 
+def test_variants_of_a_case_take_turns_so_a_slower_gpu_state_reaches_them_alike(monkeypatch):
+    """Two graphs of equal cost on a GPU that turns slower halfway through the timing: taken
+    in turn they measure alike; one after the other (as bench did before) the second would
+    have looked twice as slow.  CUDA events are stood in for by a clock the replays move."""
+    clock = [0.0]
+    replays_made = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.at = None
+
+        def record(self):
+            self.at = clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):  # ms, as torch's
+            return end.at - self.at
+
+    total = 2 * (measure.WARMUP_REPLAYS + measure.REPLAYS)
+    slower_after = 2 * (measure.WARMUP_REPLAYS + measure.REPLAYS // 2)  # mid-timing
+
+    def replay(name):
+        def run():
+            replays_made.append(name)
+            clock[0] += 1.0 if len(replays_made) <= slower_after else 2.0
+
+        return run
+
+    monkeypatch.setattr(measure, "DEVICE", "cuda")
+    monkeypatch.setattr(measure.torch.cuda, "Event", Event)
+    first, second = measure.interleaved_times_us([replay("a"), replay("b")])
+    assert replays_made[:4] == ["a", "b", "a", "b"] and len(replays_made) == total
+    assert len(first) == len(second) == measure.REPLAYS
+    assert sorted(first) == sorted(second)  # the same mix of fast and slow replays
+    assert min(first) == 1000.0 and max(first) == 2000.0
+
+
 def test_dispatch_reads_the_trees_own_configs(release_trees):
     tree = release_trees("0.21.0")
     # vLLM 0.21.0 ships an H200 FP8 table for Mixtral's shape, none for Qwen3-30B per-tensor.
