@@ -301,6 +301,22 @@ def time_variants(
     ]
 
 
+def dispatch_config(variant: Variant, case: dict) -> tuple[dict, str]:
+    """The config the variant's tree launches for the case (its tables or default), and
+    where it came from."""
+    shape, block = case["shape"], case["block"]
+    return config_for(
+        variant.tree,
+        case["M"],
+        shape.experts,
+        shape.intermediate,
+        shape.hidden,
+        shape.topk,
+        "fp8_w8a8",
+        list(block) if block else None,
+    )
+
+
 def checked_variant(
     variant: Variant, case: dict, weights_q, refs: dict, config: dict | None = None
 ) -> tuple[dict, Callable[[], None], int]:
@@ -309,16 +325,7 @@ def checked_variant(
     launches that call makes.  ``config`` overrides the tree's own dispatch (for tuning)."""
     shape, quant, M, block = case["shape"], case["quant"], case["M"], case["block"]
     if config is None:
-        config, source = config_for(
-            variant.tree,
-            M,
-            shape.experts,
-            shape.intermediate,
-            shape.hidden,
-            shape.topk,
-            "fp8_w8a8",
-            list(block) if block else None,
-        )
+        config, source = dispatch_config(variant, case)
     else:
         config, source = dict(config), "candidate"
     swap = config.pop("SWAP_AB", None)  # a tuned config's own choice wins

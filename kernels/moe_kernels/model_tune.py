@@ -2,9 +2,9 @@
 
 For each token count M, the tree's kernel is timed with the tree's own dispatch
 (the config vLLM would launch) and with every :func:`moe_kernels.tune.candidates`
-config on the same routings, each scored by both GEMMs' time summed over the
-routings (:func:`moe_kernels.tune.joint_time`).  The fastest correct candidate
-is kept only where it beats the dispatch by more than
+config on the same routings, all taking turns replay by replay, each scored by
+both GEMMs' time summed over the routings (:func:`moe_kernels.tune.joint_times`).
+The fastest correct candidate is kept only where it beats the dispatch by more than
 :data:`moe_kernels.configs.MIN_GAIN` (the search's noise); elsewhere the
 dispatch's own config is kept, so no M gets a config slower than the tree's.
 
@@ -40,7 +40,7 @@ from .measure import (
     series_version,
     write_atomically,
 )
-from .tune import GEMMS, candidates, draw_routings, joint_time
+from .tune import GEMMS, candidates, draw_routings, joint_times
 
 STATE_NAME = "moe-patch-tune.json"
 DTYPE = "fp8_w8a8"
@@ -81,8 +81,8 @@ def tune_one_m(variant, shape, quant, M, weights, routings, seed, candidates_for
     """Time the dispatch and every candidate at M on the same routings; the chosen row."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed * 100_003 + M)
     draws, hit = draw_routings(shape, quant, M, routings, gen)
-    own = joint_time(variant, draws, weights)
-    tried = [joint_time(variant, draws, weights, c) for c in candidates_for(quant, M, shape)]
+    pool = candidates_for(quant, M, shape)
+    own, *tried = joint_times([(variant, None)] + [(variant, c) for c in pool], draws, weights)
     good = [t for t in tried if t is not None and t["correct"]]
     fastest = min(good, key=lambda t: t["us"], default=None)
     tuned = fastest is not None and (

@@ -58,6 +58,8 @@ from .measure import (
     SHAPES,
     WARMUP_REPLAYS,
     Variant,
+    checked_variant,
+    dispatch_config,
     gemm_dims,
     make_case,
     make_weights,
@@ -65,7 +67,7 @@ from .measure import (
     record_header,
     routing,
     sm_count,
-    time_variant,
+    time_variants,
     write_report,
 )
 
@@ -240,43 +242,55 @@ def with_peer_configs(pool: list[dict], peer_timings, own: dict) -> list[dict]:
     return list(out.values())
 
 
-def joint_time(variant, draws, weights, config=None) -> dict | None:
-    """Time one config on both GEMMs, summed over the routings in ``draws`` (pairs of
-    cases and reference caches); None when it does not fit the SM or does not compile."""
-    up = down = 0.0
-    correct = True
-    try:
-        for cases, refs in draws:
-            timed = {
-                gemm: time_variant(
-                    variant,
-                    cases[gemm],
-                    weights[gemm],
-                    refs[gemm],
-                    config=config,
-                    replays=TUNE_REPLAYS,
-                )
-                for gemm in GEMMS
+def joint_times(entries: list[tuple], draws, weights) -> list[dict | None]:
+    """Time each ``(variant, config)`` of a cell (config None: the variant's own dispatch)
+    on both GEMMs, summed over the routings in ``draws`` (pairs of cases and reference
+    caches), all of them taking turns replay by replay (:func:`time_variants`), so a change
+    of the GPU's state during the cell reaches every one alike; None for one that does not
+    fit the SM or does not compile."""
+    sums: list[dict | None] = [{"up_us": 0.0, "down_us": 0.0, "correct": True} for _ in entries]
+    up_rows: list[dict | None] = [None] * len(entries)
+    for cases, refs in draws:
+        for gemm in GEMMS:
+            checked = []
+            for i, (variant, config) in enumerate(entries):
+                if sums[i] is None:
+                    continue
+                try:
+                    row = checked_variant(variant, cases[gemm], weights[gemm], refs[gemm], config)
+                except (OutOfResources, CompilationError):  # too big for the SM, or rejected
+                    sums[i] = None
+                    continue
+                checked.append((i, row))
+            if not checked:
+                continue
+            for (i, _), row in zip(
+                checked, time_variants([c for _, c in checked], TUNE_REPLAYS), strict=True
+            ):
+                sums[i][f"{gemm}_us"] += row["us"]
+                sums[i]["correct"] = sums[i]["correct"] and row["correct"]
+                if gemm == "up":
+                    up_rows[i] = row
+    timed = []
+    for (_, config), total, up in zip(entries, sums, up_rows, strict=True):
+        if total is None:
+            timed.append(None)
+            continue
+        timed.append(
+            {
+                "config": config if config is not None else up["config"],
+                "config_source": up["config_source"],
+                "swap_ab": up["swap_ab"],
+                **total,
+                "us": total["up_us"] + total["down_us"],
             }
-            up += timed["up"]["us"]
-            down += timed["down"]["us"]
-            correct = correct and timed["up"]["correct"] and timed["down"]["correct"]
-    except (OutOfResources, CompilationError):  # too big for the SM, or a tile Triton rejects
-        return None
-    return {
-        "config": config if config is not None else timed["up"]["config"],
-        "config_source": timed["up"]["config_source"],
-        "swap_ab": timed["up"]["swap_ab"],
-        "up_us": up,
-        "down_us": down,
-        "us": up + down,
-        "correct": correct,
-    }
+        )
+    return timed
 
 
 def draw_routings(shape, quant: str, M: int, routings: int, gen) -> tuple[list, list[int]]:
     """``routings`` routings of M tokens, each with both GEMMs' cases and an empty reference
-    cache (the ``draws`` :func:`joint_time` scores a config over), and the experts each hits."""
+    cache (the ``draws`` :func:`joint_times` scores configs over), and the experts each hits."""
     draws, hit = [], []
     for _ in range(routings):
         route = routing(M, shape, gen)
@@ -341,18 +355,26 @@ def main(argv: list[str] | None = None) -> int:
             weights = {g: make_weights(shape, g, quant, gen) for g in ("up", "down")}
             for M in (int(m) for m in args.M.split(",")):
                 draws, hit = draw_routings(shape, quant, M, args.routings, gen)
-                own = joint_time(variant, draws, weights)
-                peers = {p.label: joint_time(p, draws, weights) for p in peer_variants}
-                tried = [own]
                 if earlier is None:
                     pool = candidates(quant, M, shape)
                 else:
                     pool = seeded_candidates(earlier, shape_name, quant, M, args.top, args.widen)
-                pool = with_peer_configs(pool, peers.values(), own)
-                for candidate in pool:
-                    timed = joint_time(variant, draws, weights, candidate)
-                    if timed is not None:
-                        tried.append(timed)
+                case = draws[0][0]["up"]
+                pool = with_peer_configs(
+                    pool,
+                    [{"config": dispatch_config(p, case)[0]} for p in peer_variants],
+                    {"config": dispatch_config(variant, case)[0]},
+                )
+                # The tree's dispatch, the peers' and every candidate, timed together.
+                own, *rest = joint_times(
+                    [(variant, None)]
+                    + [(p, None) for p in peer_variants]
+                    + [(variant, c) for c in pool],
+                    draws,
+                    weights,
+                )
+                peers = dict(zip((p.label for p in peer_variants), rest, strict=False))
+                tried = [own, *(t for t in rest[len(peer_variants) :] if t is not None)]
                 good = [t for t in tried if t["correct"]]
                 winner = min(good, key=lambda t: t["us"])
                 results.append(
