@@ -100,13 +100,17 @@ def case_generator(seed: int, *case) -> torch.Generator:
     return torch.Generator(device=DEVICE).manual_seed(key)
 
 
-def run_case(variants, shape, gemm, quant, M, weights_q, gen, bandwidth) -> list[dict]:
+def run_case(
+    variants, shape, gemm, quant, M, weights_q, gen, bandwidth, graph_us=None
+) -> list[dict]:
     case = make_case(shape, gemm, quant, M, gen)
     ids, a_q, a_scale = case["ids"], case["a_q"], case["a_scale"]
     nbytes = floor_bytes(shape, gemm, quant, ids, *weights_q[0], a_q, a_scale, M * shape.topk)
     floor_us = nbytes / bandwidth["read_gbps"] / 1e3
     refs: dict[int, torch.Tensor] = {}
-    checked = [checked_variant(variant, case, weights_q, refs) for variant in variants]
+    checked = [
+        checked_variant(variant, case, weights_q, refs, graph_us=graph_us) for variant in variants
+    ]
     results = time_variants(checked)
     for row in results:
         row.update(floor_us=floor_us, fraction_of_floor=floor_us / row["us"], bytes=nbytes)
@@ -228,6 +232,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="default: the time, or --resume's")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
+        "--graph-us",
+        type=float,
+        default=None,
+        metavar="US",
+        help="GEMM graphs of about US µs: as few whole rotations over the weight copies as "
+        f"that takes, at most {LAUNCHES} launches (default: {LAUNCHES} launches always; large "
+        "M then spends most of a run's device time)",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help="keep the cases --out already holds (same trees and seed) and measure the rest",
@@ -249,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         seed = earlier.get("method", {}).get("seed")
         if earlier.get("variants") != trees or args.seed not in (None, seed):
             parser.error(f"cannot resume {args.out}: other trees or seed; give another --out")
+        if earlier.get("method", {}).get("graph_us") != args.graph_us:
+            parser.error(f"cannot resume {args.out}: another --graph-us; give another --out")
         args.seed, done_rows = seed, earlier.get("rows", [])
     if args.seed is None:
         args.seed = int(time.time())
@@ -287,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
                     if gemm == "layer":
                         case = run_layer_case(variants, shape, quant, M, weights_q, gen, bandwidth)
                     else:
-                        case = run_case(variants, shape, gemm, quant, M, weights_q, gen, bandwidth)
+                        case = run_case(
+                            variants, shape, gemm, quant, M, weights_q, gen, bandwidth,
+                            args.graph_us,
+                        )  # fmt: skip
                     for row in case:
                         row["routing"] = route
                     rows += case
@@ -324,6 +342,7 @@ def _write(args, argv, variants, bandwidth, rows) -> None:
         "method": {
             "copies": COPIES,
             "launches_per_graph": LAUNCHES,
+            **({"graph_us": args.graph_us} if args.graph_us else {}),
             "replays": REPLAYS,
             "warmup_replays": WARMUP_REPLAYS,
             "layer_calls_per_graph": LAYER_CALLS,

@@ -45,6 +45,19 @@ from .stats import rel_frobenius_error
 
 COPIES = 8
 LAUNCHES = 64
+
+
+def launches_for(call_us: float, graph_us: float | None) -> int:
+    """Launches in one timed graph: ``LAUNCHES``, or with ``graph_us`` the fewest whole
+    rotations over the ``COPIES`` weight copies that make the graph last about that long
+    (at most ``LAUNCHES``): at large M one call takes milliseconds, and 64 of them per replay
+    only spend device time on a figure that 8 already pin down."""
+    if graph_us is None:
+        return LAUNCHES
+    rotations = -(-graph_us // (call_us * COPIES))  # ceiling
+    return int(min(max(rotations, 1), LAUNCHES // COPIES)) * COPIES
+
+
 REPLAYS = 30
 # Untimed replays before the timed ones: the first timing after new data or a float64
 # reference ran up to 10% slow in the tune searches (the same config timed again later
@@ -318,11 +331,17 @@ def dispatch_config(variant: Variant, case: dict) -> tuple[dict, str]:
 
 
 def checked_variant(
-    variant: Variant, case: dict, weights_q, refs: dict, config: dict | None = None
+    variant: Variant,
+    case: dict,
+    weights_q,
+    refs: dict,
+    config: dict | None = None,
+    graph_us: float | None = None,
 ) -> tuple[dict, Callable[[], None], int]:
     """One variant's row before timing (its config, launch and errors against the float64
     reference on the first and last weight copy), the call a graph times, and the kernel
-    launches that call makes.  ``config`` overrides the tree's own dispatch (for tuning)."""
+    launches that call makes (:func:`launches_for`: with ``graph_us``, from one timed
+    launch).  ``config`` overrides the tree's own dispatch (for tuning)."""
     shape, quant, M, block = case["shape"], case["quant"], case["M"], case["block"]
     if config is None:
         config, source = dispatch_config(variant, case)
@@ -380,7 +399,17 @@ def checked_variant(
         errors.append(float(rel_frobenius_error(C.double(), refs[copy])))
     correct = all(e < FP8_ERROR_BOUND for e in errors)  # NaN (an unwritten row) fails too
 
-    launches = LAUNCHES if DEVICE == "cuda" else 1
+    if DEVICE != "cuda":
+        launches = 1
+    elif graph_us is None:
+        launches = LAUNCHES
+    else:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch(COPIES - 1)
+        end.record()
+        end.synchronize()
+        launches = launches_for(start.elapsed_time(end) * 1e3, graph_us)
 
     def all_copies():
         for i in range(launches):
@@ -405,6 +434,7 @@ def checked_variant(
         # where a run's time goes: the first launch (compilation), and the whole row
         "first_launch_s": round(first_launch_s, 3),
         "check_s": round(time.monotonic() - started, 3),
+        "launches": launches,
     }
     return row, all_copies, launches
 

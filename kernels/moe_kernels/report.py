@@ -41,7 +41,14 @@ def _header(report: dict) -> list[str]:
     if "method" in report:
         m = report["method"]
         lines.append(
-            f"- method: one CUDA graph of {m['launches_per_graph']} launches rotating over "
+            "- method: one CUDA graph of "
+            + (
+                f"as many launches as last about {m['graph_us']:.0f} µs (whole rotations, at "
+                f"most {m['launches_per_graph']})"
+                if m.get("graph_us")
+                else f"{m['launches_per_graph']} launches"
+            )
+            + " rotating over "
             f"{m['copies']} weight copies, {m['replays']} replays"
             + (f" after {m['warmup_replays']} untimed ones" if m.get("warmup_replays") else "")
             + ", median µs per launch; output "

@@ -79,6 +79,29 @@ def test_variants_of_a_case_take_turns_so_a_slower_gpu_state_reaches_them_alike(
     assert min(first) == 1000.0 and max(first) == 2000.0
 
 
+def test_graph_length_sets_whole_rotations_of_launches():
+    """--graph-us: at large M a few rotations over the weight copies make a long enough
+    graph; small calls keep the full 64 launches, and every copy is read equally often."""
+    assert measure.launches_for(10.0, None) == measure.LAUNCHES
+    assert measure.launches_for(10.0, 2000.0) == measure.LAUNCHES  # 25 rotations, capped at 8
+    assert measure.launches_for(100.0, 2000.0) == 24  # 2000 / (100 x 8) -> 3 rotations
+    assert measure.launches_for(1500.0, 2000.0) == measure.COPIES  # never below one rotation
+    for call_us in (3.0, 40.0, 333.0, 5000.0):
+        assert measure.launches_for(call_us, 2000.0) % measure.COPIES == 0
+
+
+def test_bench_records_the_graph_length_and_refuses_to_resume_with_another(release_trees, tmp_path):
+    out = tmp_path / "bench.json"
+    args = [f"--tree=0.21.0+moe={release_trees('0.21.0+moe')}", "--shape", "tiny-smoke-test"]
+    args += ["--gemm", "up", "--quant", "tensor", "--M", "2", "--out", str(out)]
+    assert bench.main([*args, "--graph-us", "2000"]) == 0
+    report = json.loads(out.read_text())
+    assert report["method"]["graph_us"] == 2000.0
+    assert "about 2000 µs" in bench_markdown(report)
+    with pytest.raises(SystemExit):
+        bench.main([*args, "--resume"])  # measured with another graph length
+
+
 def test_dispatch_reads_the_trees_own_configs(release_trees):
     tree = release_trees("0.21.0")
     # vLLM 0.21.0 ships an H200 FP8 table for Mixtral's shape, none for Qwen3-30B per-tensor.
