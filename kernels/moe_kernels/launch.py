@@ -313,6 +313,12 @@ def invoke_fused_moe_kernel(
     elif use_td:
         raise ValueError(f"the kernel in {loaded.tree} has no USE_TD parameter")
 
+    # 0.34+: tensor descriptors for the TMA loads of A and B, which vLLM's launcher builds
+    # for block FP8 on Hopper; the harness launches the pointer path (USE_TMA_* off).
+    for descriptor in ("a_desc", "b_desc"):
+        if descriptor in params:
+            values[descriptor] = None
+
     values.update(extra_args)
     kwargs: dict[str, Any] = {}
     missing = []
