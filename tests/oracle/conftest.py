@@ -1,8 +1,8 @@
 """Oracle tier: the real ``select_fp8_moe_backend`` of patched release trees.
 
 For each release in ``MOE_PATCH_ORACLE_VERSIONS`` (comma-separated; default
-0.21.0 and 0.33.0) the session makes two trees with moe-patch itself, the
-whole series ("patched") and the series without ``backend-selector``
+0.21.0, 0.33.0 and 0.34.0: a release of each series) the session makes two
+trees with moe-patch itself, the whole series ("patched") and the series without ``backend-selector``
 ("upstream"), builds or reuses the release's cached environment (venvs.py),
 and runs driver.py four times in parallel: each tree with and without
 FlashInfer.  Tests then only read the answers.
@@ -28,7 +28,7 @@ PATCH_ID = "backend-selector"
 DRIVER = Path(__file__).with_name("driver.py")
 VERSIONS = [
     v.strip()
-    for v in os.environ.get("MOE_PATCH_ORACLE_VERSIONS", "0.21.0,0.33.0").split(",")
+    for v in os.environ.get("MOE_PATCH_ORACLE_VERSIONS", "0.21.0,0.33.0,0.34.0").split(",")
     if v.strip()
 ]
 TIMINGS: list[str] = []

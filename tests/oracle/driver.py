@@ -68,6 +68,8 @@ import types
 import typing
 
 ORACLE = "vllm.model_executor.layers.fused_moe.oracle.fp8"
+# 0.34.0 on: the shared oracle base logs a backend requested by name (return_or_raise).
+ORACLE_BASE = "vllm.model_executor.layers.fused_moe.oracle.base"
 CAPABILITY = [(9, 0)]  # switched per scenario; read by the platform stand-in
 
 COMPILED_EXTENSIONS = (
@@ -252,9 +254,10 @@ def main() -> None:
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     # Only the oracle's own lines: which backend, out of which, and why.  INFO
     # is vLLM's default level; newer trees configure it when an engine starts.
-    oracle_logger = logging.getLogger(ORACLE)
-    oracle_logger.addHandler(handler)
-    oracle_logger.setLevel(logging.INFO)
+    for name in (ORACLE, ORACLE_BASE):
+        oracle_logger = logging.getLogger(name)
+        oracle_logger.addHandler(handler)
+        oracle_logger.setLevel(logging.INFO)
 
     answer = {scenario["id"]: run(scenario, log) for scenario in request["scenarios"]}
     with open(answer_path, "w") as handle:
