@@ -37,9 +37,9 @@ if str(KERNELS) not in sys.path:
 
 import pytest  # noqa: E402
 
-# Releases the kernel tests run on by default, each unpatched and with the
+# Releases the kernel tests run on by default (one of each series), each unpatched and with the
 # series applied ("+moe"); moe-patch itself downloads (and caches) them.
-DEFAULT_RELEASES = ("0.21.0", "0.33.0")
+DEFAULT_RELEASES = ("0.21.0", "0.33.0", "0.34.0")
 SESSION_SEED = int(os.environ.get("MOE_KERNELS_SEED") or random.SystemRandom().randrange(2**31))
 
 
