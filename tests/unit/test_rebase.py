@@ -284,3 +284,24 @@ def test_an_unmarked_foreign_tree_is_refused(fake_index, series_root, tmp_path):
     result = run("rebase", "--onto", "1.1.0", "--into", str(into))
     assert result.exit_code == 2 and "exists and is not empty" in result.output
     assert tree_digest(into) == before
+
+
+def test_writing_the_series_removes_what_a_killed_run_left(tmp_path):
+    """A run killed between staging the new series directory and renaming it leaves
+    ``.tmp-v<onto>-<pid>-*`` beside it; the next run that writes the series removes it
+    (not a live run's)."""
+    import subprocess
+    import sys
+
+    from moe_patch import rebase
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])  # a process id no longer alive
+    dead.wait()
+    left = tmp_path / f".tmp-v1.1.0-{dead.pid}-abcd1234"
+    left.mkdir()
+    (left / "series").write_text("half written\n")
+    live = tmp_path / f".tmp-v1.1.0-{os.getpid()}-efgh5678"
+    live.mkdir()
+    rebase._write_series(tmp_path, tmp_path / "v1.1.0", "1.1.0", {"series": b"x.patch\n"})
+    assert (tmp_path / "v1.1.0" / "series").read_bytes() == b"x.patch\n"
+    assert not left.exists() and live.exists()

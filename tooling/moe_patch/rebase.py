@@ -23,6 +23,7 @@ returned.  The state of a rebase in progress lives in ``.git/moe-patch-rebase/``
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -536,7 +537,10 @@ def _finish(state: RebaseState) -> RebaseResult:
 
 
 def _write_series(root: Path, target: Path, onto: str, files: dict[str, bytes]) -> None:
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-v{onto}-", dir=root))
+    """Write the new series directory whole: staged beside ``target`` (named with this
+    process's id, so a later run removes what a killed one left), then renamed."""
+    sources.sweep_scratch(target)
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-{os.getpid()}-", dir=root))
     try:
         for name, data in files.items():
             (staging / name).write_bytes(data)
