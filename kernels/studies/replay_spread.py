@@ -95,27 +95,27 @@ def report(runs: dict[str, dict], series: str, references: list[str]) -> str:
         "| run | reference | shape | GEMM | quant | M | by median | by low quantile | spread |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, run in runs.items():
-        for reference in references:
-            ratios = case_ratios(run["rows"], series, reference)
-            for key, r in sorted(ratios.items()):
-                if r["median"] < SLOWER:
-                    shape, gemm, quant, m = key
-                    lines.append(
-                        f"| `{Path(name).name}` | {reference} | {shape} | {gemm} | {quant} | {m} "
-                        f"| {r['median']:.3f} | {r['low']:.3f} | {r['spread']:.3f} |"
-                    )
+    ratios_of = {
+        (name, reference): case_ratios(run["rows"], series, reference)
+        for name, run in runs.items()
+        for reference in references
+    }
+    for (name, reference), ratios in ratios_of.items():
+        for (shape, gemm, quant, m), r in sorted(ratios.items()):
+            if r["median"] < SLOWER:
+                lines.append(
+                    f"| `{Path(name).name}` | {reference} | {shape} | {gemm} | {quant} | {m} "
+                    f"| {r['median']:.3f} | {r['low']:.3f} | {r['spread']:.3f} |"
+                )
     lines += ["", "Geometric means over all cases:", ""]
     lines += ["| run | reference | cases | by median | by low quantile |", "|---|---|---|---|---|"]
-    for name, run in runs.items():
-        for reference in references:
-            ratios = case_ratios(run["rows"], series, reference)
-            if ratios:
-                lines.append(
-                    f"| `{Path(name).name}` | {reference} | {len(ratios)} "
-                    f"| {geometric_mean(r['median'] for r in ratios.values()):.3f} "
-                    f"| {geometric_mean(r['low'] for r in ratios.values()):.3f} |"
-                )
+    for (name, reference), ratios in ratios_of.items():
+        if ratios:
+            lines.append(
+                f"| `{Path(name).name}` | {reference} | {len(ratios)} "
+                f"| {geometric_mean(r['median'] for r in ratios.values()):.3f} "
+                f"| {geometric_mean(r['low'] for r in ratios.values()):.3f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
