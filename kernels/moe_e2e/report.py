@@ -18,6 +18,7 @@ FACT_KEYS = {
     "engine_init_s",
     "graph_capture_s",
     "model_load_s",
+    "triton_moe_warmup_s",
 }
 
 
@@ -224,7 +225,13 @@ def markdown(report: dict) -> str:
     for v in report["variants"]:
         facts = ", ".join(
             f"{k} {v[k]:g}"
-            for k in ("engine_init_s", "torch_compile_s", "graph_capture_s", "model_load_s")
+            for k in (
+                "engine_init_s",
+                "torch_compile_s",
+                "graph_capture_s",
+                "model_load_s",
+                "triton_moe_warmup_s",
+            )
             if k in v
         )
         asked = v.get("requested_backend") or (f"env={v['fp8_env']}" if v.get("fp8_env") else "")

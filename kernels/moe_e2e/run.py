@@ -52,6 +52,10 @@ LOG_FACTS = {
     "engine_init_s": re.compile(r"init engine \(.*\) took ([\d.]+) s"),
     "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
     "model_load_s": re.compile(r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds"),
+    # The series' triton-moe-warmup: forward passes that compile the MoE launch configs.
+    "triton_moe_warmup_s": re.compile(
+        r"Warmed up Triton fused MoE for batches of .* in ([\d.]+) s"
+    ),
 }
 # The environment each --routing gives the engines (vLLM's RoutingSimulatorRouter).
 SIMULATED_ROUTING = "VLLM_MOE_ROUTING_SIMULATION_STRATEGY"
