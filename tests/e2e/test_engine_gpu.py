@@ -58,6 +58,9 @@ def test_patched_engine_generates_on_triton(kind, tmp_path):
     # The backend the engine chose, in its own words: the selector's Hopper rule names Triton.
     assert record["moe_backend"] == "TRITON"
     assert "tries TRITON first" in (record["moe_backend_reason"] or "")
+    # triton-moe-warmup compiled the MoE launch configs before serving, so none compiled after.
+    assert record.get("triton_moe_warmup_s") is not None, "no triton-moe-warmup line in the log"
+    assert "fused_moe_kernel" not in record.get("jit_during_inference", [])
 
 
 def test_distinct_routing_serves_through_vllms_routing_simulator(tmp_path):
