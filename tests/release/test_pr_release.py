@@ -41,6 +41,7 @@ def test_branches_only_for_patches_upstream_lacks(made):
         "jit-annotations": pr.BRANCH,
         "backend-selector": pr.BRANCH,
         "swap-ab-split-k": pr.BRANCH,
+        "triton-moe-warmup": pr.BRANCH,
     }
     assert (git(work, "rev-parse", "HEAD"), git(work, "status", "--porcelain")) == before
     assert git(work, "symbolic-ref", "--short", "HEAD") == "my-work"

@@ -22,26 +22,32 @@ pytestmark = [pytest.mark.release, pytest.mark.network]
 VERSION = "0.21.0"
 _CONFIGS = "vllm/model_executor/layers/fused_moe/configs/"
 # Files the series changes in 0.21.0: code, and swap-ab's H200 tables (three of
-# them replace entries of tables vLLM ships, five are new).
+# them replace entries of tables vLLM ships, five are new); triton-moe-warmup adds a module.
 PATCHED = sorted(
     [
         "vllm/envs.py",
         "vllm/model_executor/layers/fused_moe/fused_moe.py",
         "vllm/model_executor/layers/fused_moe/oracle/fp8.py",
+        "vllm/v1/worker/gpu_worker.py",
         _CONFIGS + "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
         _CONFIGS + "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
         _CONFIGS + "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
     ]
 )
 ADDED = sorted(
-    _CONFIGS + name
-    for name in (
-        "E=128,N=1536,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
-        "E=128,N=1536,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
-        "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
-        "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
-        "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
-    )
+    [
+        *(
+            _CONFIGS + name
+            for name in (
+                "E=128,N=1536,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
+                "E=128,N=1536,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
+                "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
+                "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
+                "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
+            )
+        ),
+        "vllm/model_executor/warmup/triton_moe_warmup.py",
+    ]
 )
 WARM_LIMIT_S = 60
 
@@ -68,7 +74,7 @@ def test_warm_build_is_fast_and_named_right(built):
     assert first.path.endswith(
         f"vllm-{VERSION}+moe.{__version__}-1-cp38-abi3-manylinux_2_24_x86_64.whl"
     )
-    assert [p["status"] for p in first.patches] == ["applied", "applied", "applied"]
+    assert [p["status"] for p in first.patches] == ["applied"] * 4
     assert sorted(f["path"] for f in first.files if f["change"] == "modified") == PATCHED
     assert sorted(f["path"] for f in first.files if f["change"] == "added") == ADDED
 

@@ -18,7 +18,7 @@ import torch
 import vllm.model_executor.layers.fused_moe.fused_moe as fused_moe
 from vllm import platforms
 from vllm.config import CUDAGraphMode
-from vllm.model_executor.warmup.triton_moe_warmup import triton_moe_warmup
+from vllm.model_executor.warmup import triton_moe_warmup as moe_warmup
 
 # Qwen3-30B-A3B's experts (128 of hidden 2048, intermediate 768, top-8), for
 # which H200 tables exist, and a made-up shape served by the default configs.
@@ -102,7 +102,7 @@ def test_token_counts_cover_every_problem_seen(problems):
 
 def test_no_problem_seen_means_no_forward_pass(problems):
     worker, runs = _worker(8192, 512, False, CUDAGraphMode.FULL_AND_PIECEWISE)
-    triton_moe_warmup(worker)
+    moe_warmup.triton_moe_warmup(worker)
     assert runs == []
 
 
@@ -121,6 +121,6 @@ def test_warmup_runs_the_counts_graphs_do_not_cover(
 ):
     _config(1, None)
     worker, runs = _worker(2048, capture_size, enforce_eager, mode)
-    triton_moe_warmup(worker)
+    moe_warmup.triton_moe_warmup(worker)
     assert runs == fused_moe.triton_moe_warmup_token_counts(smallest, 2048)
     assert runs and runs[0] == smallest and runs[-1] <= 2048
