@@ -41,17 +41,22 @@ def _placement(report: dict) -> str:
     )
 
 
-def _spread(metric, official: list[dict], patched: list[dict]) -> str:
-    """With several engines of each wheel: the range of the ratio over engine pairs."""
-    if len(official) < 2 and len(patched) < 2:
-        return ""
-    ratios = [
-        metric(p) / metric(o)
-        for o in official
-        for p in patched
-        if metric(o) and metric(p) is not None
-    ]
-    return f" ({min(ratios):.3f}–{max(ratios):.3f})" if ratios else ""
+def _spread(metric, pairs: list[tuple[dict, dict]]) -> str:
+    """With several engine pairs: the range of the ratio over them."""
+    ratios = [metric(p) / metric(o) for o, p in pairs if metric(o) and metric(p) is not None]
+    return f" ({min(ratios):.3f}–{max(ratios):.3f})" if len(ratios) > 1 else ""
+
+
+def _default_backend(variant: dict) -> bool:
+    return not variant.get("requested_backend") and not variant.get("fp8_env")
+
+
+def _unique(engines) -> list[dict]:
+    out: list[dict] = []
+    for engine in engines:
+        if not any(engine is seen for seen in out):
+            out.append(engine)
+    return out
 
 
 def _ratio(new, old) -> str:
@@ -86,6 +91,58 @@ def _flashinfer_line(facts: dict | None) -> str:
     return f"`{facts['wheel']}`" + (f"; {'; '.join(modules)}" if modules else "")
 
 
+def head_to_head_table(report: dict, batches: list[str]) -> list[str]:
+    """Each head-to-head engine against the default-backend engines of its kind that ran on the
+    same machine."""
+    contenders = [v for v in report["variants"] if "result" in v and not _default_backend(v)]
+    if not contenders:
+        return []
+    lines = [
+        "",
+        "## Backends head to head (the engine against each default-backend engine of its kind "
+        "on the same machine; < 1 is faster for times)",
+        "",
+    ]
+    header = (
+        ["engine", "backend", "against", "backend"]
+        + [f"TPOT B={b}" for b in batches]
+        + ["throughput (>1 faster)", "trace TTFT p50", "p99"]
+    )
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for v in contenders:
+        kin = [
+            r
+            for r in report["variants"]
+            if "result" in r and _default_backend(r) and r["kind"] == v["kind"]
+        ]
+        references = [r for r in kin if r.get("machine") == v.get("machine")]
+        mark = ""
+        if not references:  # none on its machine: against the others, marked
+            references, mark = kin, " ‡"
+        for r in references:
+            new, old = v["result"], r["result"]
+            cells = [
+                v["name"],
+                v.get("moe_backend") or "–",
+                r["name"] + mark,
+                r.get("moe_backend") or "–",
+            ]
+            cells += [
+                _ratio(new["decode"][b]["median_ms"], old["decode"][b]["median_ms"])
+                for b in batches
+            ]
+            cells += [
+                _ratio(
+                    new["throughput"]["output_tokens_per_s"],
+                    old["throughput"]["output_tokens_per_s"],
+                ),
+                _ratio(new["trace"]["ttft_p50_ms"], old["trace"]["ttft_p50_ms"]),
+                _ratio(new["trace"]["ttft_p99_ms"], old["trace"]["ttft_p99_ms"]),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(report: dict) -> str:
     env = report["environment"]
     lines = [
@@ -114,9 +171,10 @@ def markdown(report: dict) -> str:
         )
     if len(report.get("sessions", [])) > 1:
         lines.append(
-            f"- measured by {len(report['sessions'])} runs of the command (`--resume`), on one "
-            "machine or several (each run's environment is in the JSON); each variant's "
-            "`started_at` says when"
+            f"- measured by {len(report['sessions'])} runs of the command (`--resume`) on "
+            f"{len({v.get('machine') for v in report['variants']})} machine(s) (each run's "
+            "environment is in the JSON); each variant's `started_at` and `machine` say when "
+            "and where"
         )
     lines.append("")
     batches = [str(b) for b in report["spec"]["decode_batches"]]
@@ -165,13 +223,14 @@ def markdown(report: dict) -> str:
         )
     lines += [
         "",
-        "## Patched against official, per FP8 kind (< 1 is faster for times; median over engines, range over engine pairs)",
+        "## Patched against official, per FP8 kind (< 1 is faster for times; median over "
+        "engines, range over engine pairs; only pairs that ran on one machine)",
         "",
     ]
-    pairs: dict[str, dict[str, list[dict]]] = {}
+    by_kind: dict[str, dict[str, list[dict]]] = {}
     for v in report["variants"]:
-        if "result" in v and not v.get("requested_backend") and not v.get("fp8_env"):
-            pairs.setdefault(v["kind"], {}).setdefault(v["wheel"], []).append(v["result"])
+        if "result" in v and _default_backend(v):
+            by_kind.setdefault(v["kind"], {}).setdefault(v["wheel"], []).append(v)
     header = (
         ["FP8 kind", "engines", "start-up"]
         + [f"prefill {n}" for n in prompts]
@@ -188,15 +247,34 @@ def markdown(report: dict) -> str:
         lambda r: r["first_ttft_s"],
     ]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for kind, pair in pairs.items():
-        if {"official", "patched"} - set(pair):
+    across_machines = False
+    for kind, wheels in by_kind.items():
+        if {"official", "patched"} - set(wheels):
             continue
-        o, p = pair["official"], pair["patched"]
-        cells = [kind, f"{len(o)} + {len(p)}"]
+        everything = [(o, p) for o in wheels["official"] for p in wheels["patched"]]
+        pairs = [(o, p) for o, p in everything if o.get("machine") == p.get("machine")]
+        mark = ""
+        if not pairs:  # no pair on one machine: compared across machines, and marked
+            pairs, mark, across_machines = everything, " ‡", True
+        o = [r["result"] for r in _unique(o for o, _ in pairs)]
+        p = [r["result"] for r in _unique(p for _, p in pairs)]
+        used = f"{len(o)} + {len(p)}"
+        total = f"{len(wheels['official'])} + {len(wheels['patched'])}"
+        cells = [kind, used + (f" (of {total})" if used != total else "") + mark]
+        result_pairs = [(a["result"], b["result"]) for a, b in pairs]
         cells += [
-            _ratio(_median(map(m, p)), _median(map(m, o))) + _spread(m, o, p) for m in metrics
+            _ratio(_median(map(m, p)), _median(map(m, o))) + _spread(m, result_pairs)
+            for m in metrics
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += head_to_head_table(report, batches)
+    if across_machines or any(" ‡ |" in line for line in lines):
+        lines += [
+            "",
+            "‡ no engine to compare with ran on the same machine (a device call's end lost the "
+            "machine): compared across machines, whose CPUs move start-up, prefill, throughput "
+            "and TTFT by as much as the wheels do; decode (CUDA-graph steps) far less.",
+        ]
     profiled = [v for v in report["variants"] if v.get("result", {}).get("profile")]
     if profiled:
         from .profile import KINDS
@@ -237,6 +315,9 @@ def markdown(report: dict) -> str:
         asked = v.get("requested_backend") or (f"env={v['fp8_env']}" if v.get("fp8_env") else "")
         if v.get("deepgemm_cache"):
             facts += f", DeepGEMM cache {v['deepgemm_cache']}"
+        if v.get("machine"):  # a boot id, or a label given to an engine measured before them
+            machine = v["machine"]
+            facts += f", machine {machine if len(machine) <= 24 else machine[:8]}"
         reason = f", because {v['moe_backend_reason']}" if v.get("moe_backend_reason") else ""
         jit = ", ".join(v.get("jit_during_inference", [])) or "none"
         lines.append(

@@ -6,7 +6,7 @@
         [--gpus 0,1] [--tensor-parallel-size 2]
 
 For each FP8 kind the wheels run one after the other (the order alternates from kind to kind),
-then the head-to-head variants (``WHEEL:KIND:BACKEND``: ``--moe-backend BACKEND``, or
+then that kind's head-to-head variants (``WHEEL:KIND:BACKEND``: ``--moe-backend BACKEND``, or
 ``env=BACKEND`` for ``VLLM_FP8_MOE_BACKEND``; ``auto`` keeps the automatic choice; a fourth
 field ``:FLAG,...`` turns on boolean engine arguments, e.g.
 ``official:fp8-static:auto:enable_flashinfer_autotune``).  Each variant gets a new process, new empty
@@ -16,6 +16,11 @@ variant, so a run cut short keeps what it measured; ``<out>.md`` is the report. 
 continues such a file (same wheels, model and spec): what it measured is kept, failed and
 missing variants run, so one benchmark can span several device sessions.  ``--model`` takes
 several models, each written to ``<out>-<model>``.
+
+Every record names its machine (the boot id): a GPU machine given back and lent again is
+another host, whose CPU moved throughput by 10% and trace TTFT by 30% for one backend, so the
+report compares engines that ran on one machine, and under ``--finish-before`` a kind's two
+wheels start only when both can end in the call.
 
 ``--gpus`` splits the listed GPUs into slots of ``--tensor-parallel-size`` GPUs; consecutive
 variants start together, one per slot, and the next group starts when all of them are done.  On
@@ -236,6 +241,7 @@ def run_variant(
             **variant,
             "gpus": gpus,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "machine": machine_id(),
             **({"deepgemm_cache": deepgemm_cache} if shared else {}),
             "returncode": returncode,
             "wall_s": time.time() - started,
@@ -253,12 +259,18 @@ def run_variant(
 def variants(
     model: str, kinds: list[str], wheels: list[str], head_to_head: list[str], rounds: int = 1
 ) -> list[dict]:
-    """The engines to start, in order: per round every kind's wheels (the order alternating from
-    kind to kind and from round to round, so neither wheel always runs first), then the
-    head-to-head backends."""
+    """The engines to start, in order: per round and FP8 kind the kind's wheels (the order
+    alternating from kind to kind and from round to round, so neither wheel always runs first),
+    then that kind's head-to-head backends, so the engines a comparison needs run back to back
+    on one machine; head-to-heads of kinds not benchmarked end the round."""
     out = []
     for round_ in range(1, rounds + 1):
         suffix = f"-r{round_}" if round_ > 1 else ""  # so more rounds extend a result file
+        extras = []
+        for item in head_to_head:
+            entry = {"model": model, "round": round_, **head_to_head_variant(item)}
+            entry["name"] = f"{model}-{entry.pop('label')}{suffix}"
+            extras.append(entry)
         for position, kind in enumerate(kinds):
             flip = (position + round_ - 1) % 2 == 1
             for wheel in reversed(wheels) if flip else wheels:
@@ -271,11 +283,21 @@ def variants(
                         "round": round_,
                     }
                 )
-        for item in head_to_head:
-            entry = {"model": model, "round": round_, **head_to_head_variant(item)}
-            entry["name"] = f"{model}-{entry.pop('label')}{suffix}"
-            out.append(entry)
+            out += [entry for entry in extras if entry["kind"] == kind]
+        out += [entry for entry in extras if entry["kind"] not in kinds]
     return out
+
+
+def pair_size(todo: list[dict], index: int) -> int:
+    """2 when ``todo[index]`` and the next variant are one kind's two wheels (default backend,
+    same round): they start only together, so a pair is never split across machines by a
+    device call's end; else 1."""
+    if index + 1 >= len(todo):
+        return 1
+    first, second = todo[index], todo[index + 1]
+    same = all(first.get(k) == second.get(k) for k in ("model", "kind", "round"))
+    default = not any(v.get(k) for v in (first, second) for k in ("requested_backend", "fp8_env"))
+    return 2 if same and default and first["wheel"] != second["wheel"] else 1
 
 
 HEAD_TO_HEAD = re.compile(
@@ -349,8 +371,27 @@ def run_group(
     return records
 
 
+def machine_id() -> str:
+    """This machine's identity until it reboots: engines of one pair compare fairly only on one
+    machine (a lent GPU machine given back and taken again is another host, whose CPU moves
+    start-up and the CPU-bound parts of serving)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return platform.node()
+
+
+def cpu_model() -> str | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or None
+    found = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+    return f"{found.group(1).strip()} x{os.cpu_count()}" if found else None
+
+
 def environment() -> dict:
-    env = {"python": platform.python_version()}
+    env = {"python": platform.python_version(), "machine": machine_id(), "cpu": cpu_model()}
     try:
         smi = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
@@ -624,31 +665,57 @@ def resumed(report: dict, path: Path) -> dict:
     }
 
 
+def builds_deepgemm(variant: dict, filled: bool) -> bool:
+    """Whether ``variant`` will build DeepGEMM's kernels into the shared cache (block FP8's dense
+    layers: minutes that no later engine on the machine repeats)."""
+    shared = bool(variant.get("env", {}).get("DG_JIT_CACHE_DIR"))
+    return shared and not filled and variant.get("kind") == "fp8-block"
+
+
+def filled_deepgemm(record: dict) -> bool:
+    return record.get("kind") == "fp8-block" and record.get("deepgemm_cache") == "cold"
+
+
 @dataclass(frozen=True)
 class Deadlines:
-    """When engines may start: not after ``start_by``, and only if one can end by
+    """When engines may start: not after ``start_by``, and only if they can end by
     ``finish_by`` (``time.monotonic()`` values; None: no limit).  An engine is expected to
-    take as long as the longest one in the result file so far, or ``engine_estimate``; once a
-    shared DeepGEMM cache is filled (``deepgemm_filled``), the engines that filled it (minutes
-    of kernel builds no later engine repeats) no longer count."""
+    take as long as the longest one like it in the result file so far: a block engine that
+    fills an empty shared DeepGEMM cache as long as the longest that filled it, every other
+    engine as long as the longest that did not; ``engine_estimate`` before one has run."""
 
     start_by: float | None = None
     finish_by: float | None = None
     engine_estimate: float = 300.0
 
-    def allow(self, report: dict, deepgemm_filled: bool = False) -> bool:
+    def expected(self, report: dict, variant: dict, filled: bool) -> float:
+        walls = [v for v in report["variants"] if v.get("wall_s") is not None]
+        others = [v["wall_s"] for v in walls if not filled_deepgemm(v)]
+        if builds_deepgemm(variant, filled):
+            built = [v["wall_s"] for v in walls if filled_deepgemm(v)]
+            return max(built or others, default=self.engine_estimate)
+        return max(others, default=self.engine_estimate)
+
+    def allow(
+        self,
+        report: dict,
+        engines: list[dict],
+        deepgemm_filled: bool = False,
+        side_by_side: bool = False,
+    ) -> bool:
+        """Whether ``engines`` may start now: one after the other (a kind's two wheels start
+        only together), or side by side on several GPU slots."""
         now = time.monotonic()
         if self.start_by is not None and now >= self.start_by:
             return False
         if self.finish_by is None:
             return True
-        walls = [
-            v["wall_s"]
-            for v in report["variants"]
-            if v.get("wall_s") is not None
-            and not (deepgemm_filled and v.get("deepgemm_cache") == "cold")
-        ]
-        return now + max(walls, default=self.engine_estimate) <= self.finish_by
+        times = []
+        for variant in engines:
+            times.append(self.expected(report, variant, deepgemm_filled))
+            deepgemm_filled = deepgemm_filled or builds_deepgemm(variant, deepgemm_filled)
+        need = max(times) if side_by_side else sum(times)
+        return now + need <= self.finish_by
 
     def seconds_left(self) -> float:
         """Until ``finish_by``: an engine still running then is stopped (inf: no limit)."""
@@ -681,8 +748,11 @@ def run_model(
     logs = out.parent / f"{out.name}-logs"
     logs.mkdir(parents=True, exist_ok=True)
     left: list[str] = []
-    for group in groups(todo, len(slots)):
-        if left or not clock.allow(report, deepgemm_filled(group)):
+    side_by_side = len(slots) > 1
+    for index, group in enumerate(groups(todo, len(slots))):
+        # One slot: a kind's two wheels start only when both can end in time.
+        ahead = group if side_by_side else todo[index : index + pair_size(todo, index)]
+        if left or not clock.allow(report, ahead, deepgemm_filled(group), side_by_side):
             left += [variant["name"] for variant in group]
             continue
         cut_at = clock.seconds_left()

@@ -193,6 +193,10 @@ def test_stage_installs_both_sides_checked_against_their_records(monkeypatch, wh
     assert not (official / "vllm/big.so").exists()  # dropped: never installed
     assert not (patched / "vllm-1.0.dist-info").exists()
     assert summary["patched_files_checked"] == 4  # __init__, kernel, new.json, METADATA
+    # Bytecode compiled at staging, as pip installs, each side from its own source.
+    (official_pyc,) = (official / "vllm/__pycache__").glob("kernel.*.pyc")
+    (patched_pyc,) = (patched / "vllm/__pycache__").glob("kernel.*.pyc")
+    assert official_pyc.read_bytes() != patched_pyc.read_bytes()
     assert stage.stage(parts, into) == summary  # done once, not redone
 
 
@@ -354,20 +358,28 @@ def test_variants_alternate_the_wheel_order_and_add_head_to_heads():
         "m",
         ["a", "b"],
         ["official", "patched"],
-        ["patched:a:cutlass", "patched:b:env=flashinfer_cutlass"],
+        ["patched:a:cutlass", "patched:b:env=flashinfer_cutlass", "official:c:auto"],
     )
-    assert [(v["kind"], v["wheel"]) for v in todo[:4]] == [
+    # Each kind's head-to-heads follow its two wheels, so what one comparison needs runs back
+    # to back; those of kinds not benchmarked end the round.
+    assert [(v["kind"], v["wheel"]) for v in todo] == [
         ("a", "official"),
+        ("a", "patched"),
         ("a", "patched"),
         ("b", "patched"),
         ("b", "official"),
+        ("b", "patched"),
+        ("c", "official"),
     ]
-    assert todo[4]["requested_backend"] == "cutlass" and "fp8_env" not in todo[4]
+    assert todo[2]["requested_backend"] == "cutlass" and "fp8_env" not in todo[2]
     assert todo[5]["fp8_env"] == "flashinfer_cutlass" and "requested_backend" not in todo[5]
-    assert [v["name"] for v in todo[4:]] == [
+    assert [todo[i]["name"] for i in (2, 5, 6)] == [
         "m-a-patched-cutlass",
         "m-b-patched-env-flashinfer_cutlass",
+        "m-c-official-auto",
     ]
+    # A kind's two wheels are a pair that starts only together; a head-to-head is alone.
+    assert [run.pair_size(todo, i) for i in range(len(todo))] == [2, 1, 1, 2, 1, 1, 1]
     assert len({v["name"] for v in todo}) == len(todo)
     # A fourth field turns on boolean engine arguments (FlashInfer's autotuner, say).
     (tuned,) = run.variants(
@@ -577,13 +589,16 @@ def test_finish_before_starts_only_engines_that_can_end_in_time(
     # Before any engine has run, the estimate decides: 300 s do not fit in 250.
     assert run.main([*args, "--finish-before", "250", "--engine-estimate", "300"]) == 3
     assert started == [] and "left for --resume (out of time)" in capsys.readouterr().out
-    # Then the longest engine so far (120 s): at 0, 120 and 240 s one still ends by 400 s;
-    # at 360 s it would not.
+    # A kind's two wheels start only together (never split across device calls, and so
+    # machines): at 0 s the static pair (2 x 120 s) ends by 400 s; at 240 s the block pair
+    # would end at 480 s, so neither of its engines starts.
     now[0] = 0.0
-    assert run.main([*args, "--finish-before", "400", "--resume"]) == 3
-    assert len(started) == 3 and now[0] == 360
+    assert run.main([*args, "--finish-before", "400", "--engine-estimate", "120", "--resume"]) == 3
+    assert started == ["tiny-qwen3-moe-fp8-static-official", "tiny-qwen3-moe-fp8-static-patched"]
+    assert now[0] == 240
+    # Then the longest engine so far (120 s) is the estimate, not --engine-estimate's 300 s.
     now[0] = 0.0
-    assert run.main([*args, "--resume"]) == 0 and len(started) == 4
+    assert run.main([*args, "--finish-before", "250", "--resume"]) == 0 and len(started) == 4
 
 
 def test_finish_before_leaves_out_the_engine_that_filled_the_deepgemm_cache(
@@ -885,6 +900,59 @@ def test_report_compares_the_wheels_per_kind():
     assert "failed (1), see `x.log`" in text
 
 
+def test_report_pairs_engines_only_on_one_machine_and_marks_the_rest():
+    """Hosts differ (one H200 machine's CPU moved throughput by 10% and trace TTFT by 30% for
+    the same backend): a ratio comes from engines that ran on one machine, else it is marked."""
+
+    def engine(name, kind, wheel, machine, tpot, **asked):
+        result = {
+            "startup_s": 60,
+            "first_ttft_s": 0.5,
+            "decode": {"1": {"tpot_ms": [tpot], "median_ms": tpot}},
+            "throughput": {"output_tokens_per_s": 1000 / tpot},
+            "trace": {"ttft_p50_ms": 40, "ttft_p99_ms": 400, "triton_kernels_compiled": 0},
+        }
+        return {
+            "name": name,
+            "kind": kind,
+            "wheel": wheel,
+            "machine": machine,
+            "log": "l",
+            "moe_backend": "B",
+            "result": result,
+            **asked,
+        }
+
+    report = _report(
+        [
+            engine("o1", "fp8-block", "official", "m1", 5.0),
+            engine("p1", "fp8-block", "patched", "m1", 4.5),
+            engine("o2", "fp8-block", "official", "m2", 6.0),
+            engine("p3", "fp8-block", "patched", "m3", 3.0),
+            engine("os", "fp8-static", "official", "m1", 8.0),
+            engine("ps", "fp8-static", "patched", "m2", 4.0),
+            engine("fi", "fp8-static", "patched", "m2", 6.0, fp8_env="flashinfer_cutlass"),
+            engine("cu", "fp8-block", "patched", "m1", 9.0, requested_backend="cutlass"),
+        ]
+    )
+    text = markdown(report)
+    rows = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| ")}
+    # Block: only o1 and p1 ran on one machine; o2 and p3 (4.5/5.0 against 3.0/6.0) left out.
+    assert "| 1 + 1 (of 2 + 2) | 1.000 | 0.900 | 1.111 |" in rows["fp8-block"]
+    # Static: no pair on one machine, so compared across machines and marked.
+    assert "| 1 + 1 ‡ | 1.000 | 0.500 | 2.000 |" in rows["fp8-static"]
+    assert "‡ no engine to compare with ran on the same machine" in text
+    # Head to head: against each default engine of its kind on its machine, and only those.
+    table = text.split("## Backends head to head")[1].split("\n\n")[1].splitlines()
+    assert [line for line in table if line.startswith("| cu |")] == [
+        "| cu | B | o1 | B | 1.800 | 0.556 | 1.000 | 1.000 |",
+        "| cu | B | p1 | B | 2.000 | 0.500 | 1.000 | 1.000 |",
+    ]
+    assert [line for line in table if line.startswith("| fi |")] == [
+        "| fi | B | ps | B | 1.500 | 0.667 | 1.000 | 1.000 |"
+    ]
+
+
 def test_bundle_pins_every_engine_dependency():
     assert all("==" in requirement for requirement in bundle.ENGINE_DEPENDENCIES)
     names = [r.split("==")[0] for r in bundle.ENGINE_DEPENDENCIES]
@@ -1106,6 +1174,8 @@ def test_a_shared_deepgemm_cache_is_marked_cold_for_the_engine_that_fills_it(mon
     second = run.run_variant(staged, variant, dict(run.DEFAULT_SPEC), tmp_path, 10)
     assert (first["deepgemm_cache"], second["deepgemm_cache"]) == ("cold", "warm")
     assert seen == [str(shared)] * 2 and first["result"] == {"startup_s": 1.0}
+    # Each record names the machine it ran on (the report pairs engines by it).
+    assert first["machine"] == second["machine"] == run.machine_id() != ""
 
 
 def test_the_shared_deepgemm_cache_is_an_absolute_path(monkeypatch, staged_dir):
