@@ -91,12 +91,13 @@ def _flashinfer_line(facts: dict | None) -> str:
     return f"`{facts['wheel']}`" + (f"; {'; '.join(modules)}" if modules else "")
 
 
-def head_to_head_table(report: dict, batches: list[str]) -> list[str]:
+def head_to_head_table(report: dict, batches: list[str]) -> tuple[list[str], bool]:
     """Each head-to-head engine against the default-backend engines of its kind that ran on the
-    same machine."""
+    same machine (or, where none did, all of them, marked); whether any row is marked."""
     contenders = [v for v in report["variants"] if "result" in v and not _default_backend(v)]
     if not contenders:
-        return []
+        return [], False
+    marked = False
     lines = [
         "",
         "## Backends head to head (the engine against each default-backend engine of its kind "
@@ -118,7 +119,7 @@ def head_to_head_table(report: dict, batches: list[str]) -> list[str]:
         references = [r for r in kin if r.get("machine") == v.get("machine")]
         mark = ""
         if not references:  # none on its machine: against the others, marked
-            references, mark = kin, " ‡"
+            references, mark, marked = kin, " ‡", True
         for r in references:
             new, old = v["result"], r["result"]
             cells = [
@@ -140,7 +141,7 @@ def head_to_head_table(report: dict, batches: list[str]) -> list[str]:
                 _ratio(new["trace"]["ttft_p99_ms"], old["trace"]["ttft_p99_ms"]),
             ]
             lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    return lines, marked
 
 
 def markdown(report: dict) -> str:
@@ -267,8 +268,9 @@ def markdown(report: dict) -> str:
             for m in metrics
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += head_to_head_table(report, batches)
-    if across_machines or any(" ‡ |" in line for line in lines):
+    table, marked = head_to_head_table(report, batches)
+    lines += table
+    if across_machines or marked:
         lines += [
             "",
             "‡ no engine to compare with ran on the same machine (a device call's end lost the "

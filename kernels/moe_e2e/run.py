@@ -672,7 +672,8 @@ def builds_deepgemm(variant: dict, filled: bool) -> bool:
     return shared and not filled and variant.get("kind") == "fp8-block"
 
 
-def filled_deepgemm(record: dict) -> bool:
+def built_deepgemm(record: dict) -> bool:
+    """Whether the engine of ``record`` built DeepGEMM's kernels into the shared cache."""
     return record.get("kind") == "fp8-block" and record.get("deepgemm_cache") == "cold"
 
 
@@ -690,9 +691,9 @@ class Deadlines:
 
     def expected(self, report: dict, variant: dict, filled: bool) -> float:
         walls = [v for v in report["variants"] if v.get("wall_s") is not None]
-        others = [v["wall_s"] for v in walls if not filled_deepgemm(v)]
+        others = [v["wall_s"] for v in walls if not built_deepgemm(v)]
         if builds_deepgemm(variant, filled):
-            built = [v["wall_s"] for v in walls if filled_deepgemm(v)]
+            built = [v["wall_s"] for v in walls if built_deepgemm(v)]
             return max(built or others, default=self.engine_estimate)
         return max(others, default=self.engine_estimate)
 
