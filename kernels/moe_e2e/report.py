@@ -166,9 +166,11 @@ def markdown(report: dict) -> str:
     lines.append("- MoE routing: " + ROUTING_WORDS[report["spec"].get("routing", "model")])
     lines.append("- FlashInfer: " + _flashinfer_line(report.get("flashinfer")))
     if report["spec"].get("shared_deepgemm_cache"):
+        per = "GPU slot" if len(report["spec"].get("gpu_slots") or [None]) > 1 else "run"
         lines.append(
-            "- one DeepGEMM kernel cache shared by every engine (`--share-deepgemm-cache`): "
-            "start-up excludes building DeepGEMM's kernels except for the engine marked `cold`"
+            f"- one DeepGEMM kernel cache per {per}, shared by its engines "
+            "(`--share-deepgemm-cache`): start-up excludes building DeepGEMM's kernels except "
+            "for the engines marked `cold`"
         )
     if len(report.get("sessions", [])) > 1:
         lines.append(

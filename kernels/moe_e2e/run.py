@@ -216,15 +216,11 @@ def run_variant(
         }
         (scratch / "spec.json").write_text(json.dumps(full, indent=2))
         log_path = logs / f"{name}.log"
+        shared = deepgemm_cache_dir(variant, gpus)
+        extra = {**variant.get("env", {}), **({"DG_JIT_CACHE_DIR": shared} if shared else {})}
         env = variant_env(
-            staged,
-            variant["wheel"],
-            scratch / "caches",
-            variant.get("fp8_env"),
-            gpus,
-            variant.get("env"),
+            staged, variant["wheel"], scratch / "caches", variant.get("fp8_env"), gpus, extra
         )
-        shared = variant.get("env", {}).get("DG_JIT_CACHE_DIR")
         if shared:  # whether this engine finds DeepGEMM's kernels built or builds them
             Path(shared).mkdir(parents=True, exist_ok=True)
             deepgemm_cache = "warm" if any(Path(shared).iterdir()) else "cold"
@@ -477,8 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--share-deepgemm-cache",
         action="store_true",
-        help="one DeepGEMM kernel cache for every engine (block FP8's dense layers: ~2.5 min "
-        "of each engine's start-up); the report marks the engine that filled it",
+        help="one DeepGEMM kernel cache for every engine of a GPU slot (block FP8's dense "
+        "layers: minutes of each engine's start-up); the report marks the engines that filled "
+        "them",
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per variant")
     parser.add_argument(
@@ -529,10 +526,6 @@ def main(argv: list[str] | None = None) -> int:
         slots = gpu_slots(args.gpus, args.tensor_parallel_size)
     except ValueError as error:
         parser.error(str(error))
-    if args.share_deepgemm_cache and len(slots) > 1:
-        parser.error(
-            "--share-deepgemm-cache needs one GPU slot: engines side by side would fill it at once"
-        )
     staged = json.loads((args.staged / "staged.json").read_text())
     spec = {
         **DEFAULT_SPEC,
@@ -701,20 +694,19 @@ class Deadlines:
         self,
         report: dict,
         engines: list[dict],
-        deepgemm_filled: bool = False,
+        filled: list[bool] | None = None,
         side_by_side: bool = False,
     ) -> bool:
         """Whether ``engines`` may start now: one after the other (a kind's two wheels start
-        only together), or side by side on several GPU slots."""
+        only together), or side by side on several GPU slots; ``filled``: whether each will
+        find its DeepGEMM cache built (default: none will)."""
         now = time.monotonic()
         if self.start_by is not None and now >= self.start_by:
             return False
         if self.finish_by is None:
             return True
-        times = []
-        for variant in engines:
-            times.append(self.expected(report, variant, deepgemm_filled))
-            deepgemm_filled = deepgemm_filled or builds_deepgemm(variant, deepgemm_filled)
+        filled = filled or [False] * len(engines)
+        times = [self.expected(report, v, f) for v, f in zip(engines, filled, strict=True)]
         need = max(times) if side_by_side else sum(times)
         return now + need <= self.finish_by
 
@@ -725,10 +717,29 @@ class Deadlines:
         return max(self.finish_by - time.monotonic(), 0.0)
 
 
-def deepgemm_filled(group: list[dict]) -> bool:
-    """Whether the group's engines find the shared DeepGEMM cache already built."""
-    shared = group[0].get("env", {}).get("DG_JIT_CACHE_DIR")
+def deepgemm_cache_dir(variant: dict, gpus: str | None) -> str | None:
+    """The shared DeepGEMM cache of the engines in GPU slot ``gpus`` (None: not shared).  Each
+    slot has its own, so engines side by side never build into one cache at once."""
+    shared = variant.get("env", {}).get("DG_JIT_CACHE_DIR")
+    if not shared or gpus is None:
+        return shared
+    return f"{shared}-gpu{gpus.replace(',', '-')}"
+
+
+def deepgemm_filled(variant: dict, gpus: str | None) -> bool:
+    """Whether ``variant`` finds its slot's shared DeepGEMM cache already built."""
+    shared = deepgemm_cache_dir(variant, gpus)
     return bool(shared) and Path(shared).is_dir() and any(Path(shared).iterdir())
+
+
+def filled_in_turn(engines: list[dict], filled: bool) -> list[bool]:
+    """Whether each of ``engines``, run one after the other in one slot, finds the cache built:
+    the first block engine that finds it empty builds it for the rest."""
+    states = []
+    for variant in engines:
+        states.append(filled)
+        filled = filled or builds_deepgemm(variant, filled)
+    return states
 
 
 def run_model(
@@ -751,9 +762,15 @@ def run_model(
     left: list[str] = []
     side_by_side = len(slots) > 1
     for index, group in enumerate(groups(todo, len(slots))):
-        # One slot: a kind's two wheels start only when both can end in time.
-        ahead = group if side_by_side else todo[index : index + pair_size(todo, index)]
-        if left or not clock.allow(report, ahead, deepgemm_filled(group), side_by_side):
+        if side_by_side:
+            ahead = group
+            filled = [
+                deepgemm_filled(v, slot) for v, slot in zip(group, slots[: len(group)], strict=True)
+            ]
+        else:  # one slot: a kind's two wheels start only when both can end in time
+            ahead = todo[index : index + pair_size(todo, index)]
+            filled = filled_in_turn(ahead, deepgemm_filled(ahead[0], slots[0]))
+        if left or not clock.allow(report, ahead, filled, side_by_side):
             left += [variant["name"] for variant in group]
             continue
         cut_at = clock.seconds_left()

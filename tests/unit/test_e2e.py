@@ -1190,10 +1190,57 @@ def test_the_shared_deepgemm_cache_is_an_absolute_path(monkeypatch, staged_dir):
     assert cache == {str(staged_dir.resolve() / "deep_gemm-cache")}
 
 
-def test_a_shared_deepgemm_cache_needs_one_gpu_slot(staged_dir, tmp_path):
-    args = ["--staged", str(staged_dir), "--model", "qwen3-30b-a3b", "--out", str(tmp_path / "r")]
-    with pytest.raises(SystemExit):
-        run.main([*args, "--share-deepgemm-cache", "--gpus", "0,1"])
+def test_each_gpu_slot_has_its_own_shared_deepgemm_cache(monkeypatch, tmp_path):
+    """Engines side by side never build into one cache at once: each slot has its own, and an
+    engine is cold or warm by its own slot's cache."""
+    built = []
+
+    def fake_engine(command, env, log, timeout):
+        built.append((env["CUDA_VISIBLE_DEVICES"], env["DG_JIT_CACHE_DIR"]))
+        (Path(env["DG_JIT_CACHE_DIR"]) / "kernel.cubin").write_text("built")
+        spec = json.loads(Path(command[-1]).read_text())
+        Path(spec["out"]).write_text(json.dumps({"startup_s": 1.0}))
+        return 0
+
+    monkeypatch.setattr(run, "start_engine", fake_engine)
+    staged = {"sites": {"patched": "p", "deps": "d"}, "models": str(tmp_path), "dependencies": []}
+    shared = tmp_path / "deep_gemm-cache"
+    variant = {"name": "m-fp8-block-patched", "model": "m", "kind": "fp8-block", "wheel": "patched"}
+    variant["env"] = {"DG_JIT_CACHE_DIR": str(shared)}
+    slots = run.gpu_slots("0,1,2,3", 2)
+    assert not run.deepgemm_filled(variant, slots[1])
+    records = [
+        run.run_variant(staged, variant, dict(run.DEFAULT_SPEC), tmp_path, 10, gpus)
+        for gpus in (*slots, slots[0])
+    ]
+    assert built == [
+        ("0,1", f"{shared}-gpu0-1"),
+        ("2,3", f"{shared}-gpu2-3"),
+        ("0,1", f"{shared}-gpu0-1"),
+    ]
+    assert [r["deepgemm_cache"] for r in records] == ["cold", "cold", "warm"]
+    assert run.deepgemm_filled(variant, slots[1])
+
+
+def test_a_pair_on_a_cold_cache_is_expected_to_take_one_fill_and_one_warm_engine(monkeypatch):
+    report = {
+        "variants": [
+            {"kind": "fp8-block", "deepgemm_cache": "cold", "wall_s": 420.0},
+            {"kind": "fp8-static", "deepgemm_cache": "cold", "wall_s": 150.0},
+        ]
+    }
+    block = {"kind": "fp8-block", "env": {"DG_JIT_CACHE_DIR": "/c"}}
+    pair = [block, dict(block)]
+    assert run.filled_in_turn(pair, False) == [False, True]
+    assert run.filled_in_turn(pair, True) == [True, True]
+    clock = run.Deadlines(finish_by=600.0)
+    now = [0.0]
+    monkeypatch.setattr(run.time, "monotonic", lambda: now[0])
+    assert clock.allow(report, pair, run.filled_in_turn(pair, False))  # 420 + 150 <= 600
+    now[0] = 40.0
+    assert not clock.allow(report, pair, run.filled_in_turn(pair, False))  # 610 > 600
+    # Side by side on two slots, each filling its own cache: the longest, not the sum.
+    assert clock.allow(report, pair, [False, False], side_by_side=True)
 
 
 def test_bundle_builds_from_the_index_and_stages(fake_index, series_root, tmp_path, monkeypatch):
