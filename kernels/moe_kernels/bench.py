@@ -17,18 +17,21 @@ measured in the same run.
 
     python -m moe_kernels.bench --tree 0.21.0=/path/a --tree 0.21.0+moe=/path/b \
         --out results.json [--shape NAME|tuned|untuned|all] [--M 1,2,4|vllm-grid] \
-        [--routings N] [--resume]
+        [--routings N] [--resume] [--gpus 0,1,2,3] [--stop-after SECONDS]
 
 ``--routings N`` measures each case on N routings (the report takes their geometric mean);
 every case draws its weights, routing and activations from its own seed (``--seed`` and the
 case), so ``--resume``, which keeps the cases ``--out`` already holds for the same trees,
-gives the numbers an uninterrupted run would, and a long run can span several calls.
+gives the numbers an uninterrupted run would, and a long run can span several calls
+(``--stop-after``: no case starts after SECONDS).  ``--gpus`` spreads the weight sets over
+several GPUs of the host (``moe_kernels.spread``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -37,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from . import spread
 from .align import prepare_expert_assignment, use_naive_block_assignment
 from .dispatch import config_for
 from .layer import fused_moe_layer
@@ -245,7 +249,25 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep the cases --out already holds (same trees and seed) and measure the rest",
     )
+    parser.add_argument(
+        "--gpus",
+        default=None,
+        help="GPU ids of this host (e.g. 0,1,2,3): each weight set (shape, GEMM, quant) runs in "
+        "a process of its own on the next free GPU (moe_kernels.spread)",
+    )
+    parser.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="start no case after SECONDS (a device call's limit); the rest runs with --resume "
+        "(exit code 3)",
+    )
     args = parser.parse_args(argv)
+    began = time.monotonic()
+    gpus = [g.strip() for g in (args.gpus or "").split(",") if g.strip()]
+    if args.gpus is not None and (not gpus or len(set(gpus)) != len(gpus)):
+        parser.error(f"--gpus takes distinct GPU ids, comma-separated, not {args.gpus!r}")
     if args.routings < 1:
         parser.error("--routings must be at least 1")
     try:
@@ -265,8 +287,15 @@ def main(argv: list[str] | None = None) -> int:
         if earlier.get("method", {}).get("graph_us") != args.graph_us:
             parser.error(f"cannot resume {args.out}: another --graph-us; give another --out")
         args.seed, done_rows = seed, earlier.get("rows", [])
+    if gpus and args.resume and args.seed is None:  # cut short before a part was merged
+        args.seed = spread.earlier_seed(args.out)
     if args.seed is None:
         args.seed = int(time.time())
+    if gpus:
+        sets = spread.weight_sets(
+            shape_names(args.shape), args.gemm or ["up", "down"], args.quant or ["tensor", "block"]
+        )
+        return spread.run(args, argv, sets, args.seed, gpus)
 
     variants = []
     for spec in args.tree:
@@ -279,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows = list(done_rows)
     done = {case_key(r) for r in rows}
+    gpu_id = os.environ.get("CUDA_VISIBLE_DEVICES")
     written = time.monotonic()
     for shape_name in shape_names(args.shape):
         shape = SHAPES[shape_name]
@@ -298,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     weights_q = make_weights(shape, gemm, quant, gen)
                 for M, route in todo:
+                    if args.stop_after is not None and time.monotonic() - began > args.stop_after:
+                        _write(args, argv, variants, bandwidth, rows)
+                        print(f"stopped after {args.stop_after:.0f} s; the rest runs with --resume")
+                        return 3
                     gen = case_generator(args.seed, shape_name, gemm, quant, M, route)
                     if gemm == "layer":
                         case = run_layer_case(variants, shape, quant, M, weights_q, gen, bandwidth)
@@ -308,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
                         )  # fmt: skip
                     for row in case:
                         row["routing"] = route
+                        if gpu_id is not None:  # which of the host's GPUs timed it
+                            row["gpu"] = gpu_id
                     rows += case
                     print(
                         f"{shape_name:16s} {gemm:4s} {quant:6s} M={M:<4d} r{route} "

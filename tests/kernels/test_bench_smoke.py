@@ -408,3 +408,40 @@ def test_an_m_the_earlier_search_skipped_is_seeded_from_its_nearest_neighbours()
     assert tune.seeded_candidates(earlier, "deepseek-v3-tp8", "tensor", 16, top=1) == [tile]
     assert tune.seeded_candidates(earlier, "deepseek-v3-tp8", "tensor", 64, top=2) == [tile, deep]
     assert tune.seeded_candidates(earlier, "qwen3-30b-a3b", "tensor", 24, top=2) == []
+
+
+def test_bench_spreads_weight_sets_over_gpus_and_merges_them(release_trees, tmp_path):
+    """``--gpus``: one process per weight set on the next free GPU, the parts merged into
+    ``--out``; each row says which GPU timed it, and the cases are those one process measures."""
+    out = tmp_path / "spread.json"
+    trees = {label: release_trees(label) for label in ("0.21.0", "0.21.0+moe")}
+    args = [f"--tree={label}={path}" for label, path in trees.items()]
+    args += ["--shape", "tiny-smoke-test", "--gemm", "down", "--quant", "block"]
+    args += ["--quant", "tensor", "--M", "3", "--seed", "5", "--out", str(out)]
+    assert bench.main([*args, "--gpus", "0,1"]) == 0
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert sorted((r["quant"], r["variant"]) for r in rows) == [
+        ("block", "0.21.0"), ("block", "0.21.0+moe"), ("tensor", "0.21.0"), ("tensor", "0.21.0+moe"),
+    ]  # fmt: skip
+    assert all(r["correct"] for r in rows)
+    # The two weight sets started together, one on each GPU.
+    assert {r["quant"]: r["gpu"] for r in rows} in ({"block": "0", "tensor": "1"},
+                                                   {"block": "1", "tensor": "0"})  # fmt: skip
+    assert report["method"]["seed"] == 5 and report["method"]["gpus"] == ["0", "1"]
+    assert set(report["bandwidth"]["per_gpu"]) == {"0", "1"}
+    assert "--gpus" in report["command"]
+    # Resumed with everything measured: nothing runs again, the same rows stay.
+    assert bench.main([*args, "--gpus", "0,1", "--resume"]) == 0
+    assert json.loads(out.read_text())["rows"] == rows
+
+
+def test_stop_after_leaves_cases_for_resume(release_trees, tmp_path):
+    out = tmp_path / "cut.json"
+    tree = release_trees("0.21.0")
+    args = [f"--tree=0.21.0={tree}", "--shape", "tiny-smoke-test", "--gemm", "down"]
+    args += ["--quant", "tensor", "--M", "3,5", "--out", str(out)]
+    assert bench.main([*args, "--stop-after", "0"]) == 3  # no case starts
+    assert json.loads(out.read_text())["rows"] == []
+    assert bench.main([*args, "--resume"]) == 0
+    assert sorted(r["M"] for r in json.loads(out.read_text())["rows"]) == [3, 5]
