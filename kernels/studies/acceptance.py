@@ -14,7 +14,8 @@ over its routings.  Each ``--pair PATCHED:BASE`` is one comparison (default: eve
    series patches (pairs whose base is the patched tree's own release) at least
    ``UNTUNED_GAIN``;
 4. at M = 1 the first GEMM at least ``SPLIT_GAIN`` times as fast as that release's wherever
-   the release's launch starts fewer programs than the GPU has SMs;
+   the release's launch starts fewer programs than the GPU has SMs (a case whose release
+   already reads at more than 1 / ``SPLIT_GAIN`` of the floor cannot pass: it is marked);
 5. every patched tree's median fraction of the read floor at M <= 64, per GEMM and
    quantisation, at least ``FLOOR_FRACTION``.
 
@@ -154,9 +155,16 @@ def judge(bench: dict, pairs: list[tuple[str, str]]) -> list[tuple[str, bool, li
             if programs < sm_count:
                 ratio = by[base]["us"] / by[new]["us"]
                 split.append(ratio)
+                # No kernel beats the read floor: the base at fraction f of it allows 1/f.
+                bound = 1 / by[base]["fraction"]
                 details.append(
                     f"`{new}` over `{base}`, {_line(key, ratio)} ({programs} programs)"
                     + ("" if ratio >= SPLIT_GAIN else " — short")
+                    + (
+                        f"; the read floor allows at most {bound:.2f}×"
+                        if bound < SPLIT_GAIN
+                        else ""
+                    )
                 )
     passed = bool(split) and min(split) >= SPLIT_GAIN
     verdicts.append(

@@ -77,6 +77,8 @@ def test_each_shortfall_fails_its_criterion_and_names_the_cases():
     verdicts = _verdicts(_run(lambda *case: 1.1))  # no split-K win at M = 1
     assert not verdicts["first"][0] and verdicts["untuned"][0]
     assert "— short" in verdicts["first"][1][0]
+    # The base reads at 0.95 / 1.1 of the floor there: no kernel could be 1.5x as fast.
+    assert "the read floor allows at most 1.16×" in verdicts["first"][1][0]
 
     verdicts = _verdicts(_run(lambda *case: 1.04 if case[1] != "layer" else 1.2))
     assert not verdicts["untuned"][0]
