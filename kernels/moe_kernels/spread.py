@@ -65,6 +65,20 @@ def earlier_seed(out: Path) -> int | None:
     return None
 
 
+def seed_parts(out: Path, units: list[tuple]) -> None:
+    """A unit with no part yet starts from the rows ``--out`` already holds for it (a file
+    written without ``--gpus``, or parts lost), so resuming measures only what is missing."""
+    try:
+        earlier = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return
+    for unit in units:
+        part = part_path(out, unit)
+        rows = [r for r in earlier.get("rows", []) if (r["shape"], r["gemm"], r["quant"]) == unit]
+        if rows and not part.exists():
+            write_report(part, {**earlier, "rows": rows})
+
+
 def merge(out: Path, units: list[tuple], argv: list[str] | None) -> dict | None:
     """``--out`` from the parts so far, in the units' order; None while none has rows."""
     parts = []
@@ -105,6 +119,8 @@ def run(args, argv: list[str] | None, units: list[tuple], seed: int, gpus: list[
     if not args.resume:
         shutil.rmtree(parts_dir(out), ignore_errors=True)
     parts_dir(out).mkdir(parents=True, exist_ok=True)
+    if args.resume:
+        seed_parts(out, units)
     began = time.monotonic()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(KERNELS_DIR), env.get("PYTHONPATH")]))

@@ -8,11 +8,12 @@ against the float64 reference and the JSON report are all exercised.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from moe_kernels import bench, measure
+from moe_kernels import bench, measure, spread
 from moe_kernels.dispatch import config_for
 from moe_kernels.report import bench_markdown, combine_routings, fixed_cost_section
 
@@ -432,6 +433,10 @@ def test_bench_spreads_weight_sets_over_gpus_and_merges_them(release_trees, tmp_
     assert set(report["bandwidth"]["per_gpu"]) == {"0", "1"}
     assert "--gpus" in report["command"]
     # Resumed with everything measured: nothing runs again, the same rows stay.
+    assert bench.main([*args, "--gpus", "0,1", "--resume"]) == 0
+    assert json.loads(out.read_text())["rows"] == rows
+    # Parts lost (or a file written without --gpus): the parts start from --out's rows.
+    shutil.rmtree(spread.parts_dir(out))
     assert bench.main([*args, "--gpus", "0,1", "--resume"]) == 0
     assert json.loads(out.read_text())["rows"] == rows
 
