@@ -35,7 +35,6 @@ import os
 import statistics
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import torch
@@ -58,6 +57,7 @@ from .measure import (
     WARMUP_REPLAYS,
     Variant,
     captured,
+    case_generator,
     checked_variant,
     floor_bytes,
     gemm_dims,
@@ -95,13 +95,6 @@ def shape_names(requested: list[str] | None) -> list[str]:
             if shape not in names:
                 names.append(shape)
     return names
-
-
-def case_generator(seed: int, *case) -> torch.Generator:
-    """A generator of its own for one case (weights: shape, GEMM, quant; a measurement: also M
-    and the routing), so a case's numbers do not depend on what ran before it."""
-    key = zlib.crc32(repr((seed, *case)).encode())
-    return torch.Generator(device=DEVICE).manual_seed(key)
 
 
 def run_case(
@@ -292,10 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is None:
         args.seed = int(time.time())
     if gpus:
-        sets = spread.weight_sets(
-            shape_names(args.shape), args.gemm or ["up", "down"], args.quant or ["tensor", "block"]
-        )
-        return spread.run(args, argv, sets, args.seed, gpus)
+        return spread.run(spread_job(args), gpus, args.resume, args.stop_after, argv)
 
     variants = []
     for spec in args.tree:
@@ -366,6 +356,33 @@ def main(argv: list[str] | None = None) -> int:
     wrong = [r for r in rows if not r["correct"]]
     print(f"{len(rows)} measurements, {len(wrong)} incorrect; written to {args.out}")
     return 1 if wrong else 0
+
+
+def spread_job(args) -> spread.Job:
+    """``--gpus``: one process per weight set, the whole-layer ones first (the longest, so the
+    GPUs finish close together)."""
+    units = [
+        (shape, gemm, quant)
+        for shape in shape_names(args.shape)
+        for gemm in args.gemm or ["up", "down"]
+        for quant in args.quant or ["tensor", "block"]
+    ]
+
+    def arguments(unit: tuple) -> list[str]:
+        shape, gemm, quant = unit
+        own = [f"--tree={tree}" for tree in args.tree]
+        own += ["--shape", shape, "--gemm", gemm, "--quant", quant, "--M", args.M]
+        own += ["--routings", str(args.routings), "--seed", str(args.seed)]
+        return own + (["--graph-us", str(args.graph_us)] if args.graph_us else [])
+
+    return spread.Job(
+        module="moe_kernels.bench",
+        out=args.out,
+        units=sorted(units, key=lambda unit: unit[1] != "layer"),
+        rows_key="rows",
+        fields=("shape", "gemm", "quant"),
+        arguments=arguments,
+    )
 
 
 def case_key(row: dict) -> tuple:

@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -470,6 +471,14 @@ def write_atomically(path: Path, text: str) -> None:
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+
+
+def case_generator(seed: int, *case) -> torch.Generator:
+    """A generator of its own for one case (bench's weights: shape, GEMM, quant; a measurement:
+    also M and the routing; tune's cells alike), so a case's numbers do not depend on what ran
+    before it and a resumed run gives those an uninterrupted one would."""
+    key = zlib.crc32(repr((seed, *case)).encode())
+    return torch.Generator(device=DEVICE).manual_seed(key)
 
 
 def write_report(path: Path, report: dict) -> None:

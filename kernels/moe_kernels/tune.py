@@ -34,12 +34,19 @@ config to the candidates: :mod:`moe_kernels.configs` then prefers configs whose
 every GEMM keeps pace with every peer.
 
     python -m moe_kernels.tune --tree 0.21.0+moe=/path --peer 0.21.0=/a --peer 0.33.0=/b ...
+
+Each cell (shape, quantisation, M) draws its weights and routings from its own seed (``--seed``
+and the cell), so ``--resume`` continues a cut-short ``--out`` as an uninterrupted search would
+have gone on; ``--stop-after SECONDS`` starts no cell after SECONDS; ``--gpus 0,1,2,3`` runs each
+shape and quantisation in a process of its own on the next free GPU (:mod:`moe_kernels.spread`).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -48,6 +55,7 @@ import torch
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
+from . import spread
 from .align import max_num_tokens_padded, use_naive_block_assignment
 from .configs import as_launch, load_results
 from .launch import patched_split_k, token_rows_launched
@@ -58,6 +66,7 @@ from .measure import (
     SHAPES,
     WARMUP_REPLAYS,
     Variant,
+    case_generator,
     checked_variant,
     dispatch_config,
     gemm_dims,
@@ -306,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", action="append", choices=sorted(SHAPES))
     parser.add_argument("--quant", action="append", choices=["tensor", "block"])
     parser.add_argument("--M", default=",".join(map(str, DECODE_M)))
-    parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--seed", type=int, default=None, help="default: the time, or --resume's")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
         "--seeded-by",
@@ -332,9 +341,54 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="routings drawn per M; a config's time is the sum over them",
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the cells --out already holds (same tree, peers, seed and routings) and "
+        "search the rest",
+    )
+    parser.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="start no cell after SECONDS (a device call's limit); the rest runs with --resume "
+        "(exit code 3)",
+    )
+    parser.add_argument(
+        "--gpus",
+        default=None,
+        help="GPU ids of this host (e.g. 0,1,2,3): each shape and quantisation searched in a "
+        "process of its own on the next free GPU (moe_kernels.spread)",
+    )
     args = parser.parse_args(argv)
+    began = time.monotonic()
     if args.widen and not args.seeded_by:
         parser.error("--widen widens the seeds of --seeded-by: name an earlier search")
+    gpus = [g.strip() for g in (args.gpus or "").split(",") if g.strip()]
+    if args.gpus is not None and (not gpus or len(set(gpus)) != len(gpus)):
+        parser.error(f"--gpus takes distinct GPU ids, comma-separated, not {args.gpus!r}")
+    # What a resumed file must share with this run for its cells to count.
+    same = {"tree": args.tree, "peers": args.peer, "routings": args.routings}
+    results = []
+    if args.resume and args.out.exists():
+        try:
+            earlier_run = json.loads(args.out.read_text())
+        except ValueError as error:
+            parser.error(f"cannot resume from {args.out}: {error}")
+        method = earlier_run.get("method", {})
+        if any(method.get(k) != v for k, v in same.items()) or args.seed not in (
+            None,
+            method.get("seed"),
+        ):
+            parser.error(f"cannot resume {args.out}: another tree, peers, seed or routings")
+        args.seed, results = method["seed"], earlier_run.get("results", [])
+    if gpus and args.resume and args.seed is None:  # cut short before a part was merged
+        args.seed = spread.earlier_seed(args.out)
+    if args.seed is None:
+        args.seed = int(time.time())
+    if gpus:
+        return spread.run(spread_job(args), gpus, args.resume, args.stop_after, argv)
     # configs.load_results merges searches as the tables are built: a later file's cell wins.
     earlier = list(load_results(args.seeded_by).values()) if args.seeded_by else None
 
@@ -346,14 +400,23 @@ def main(argv: list[str] | None = None) -> int:
         peer_variants.append(
             Variant(peer_label, Path(peer_path), load_fused_moe_kernel(Path(peer_path)))
         )
-    gen = torch.Generator(device=DEVICE).manual_seed(args.seed)
     bandwidth = measure_bandwidth()
-    results = []
+    done = {(r["shape"], r["quant"], r["M"]) for r in results}
+    gpu_id = os.environ.get("CUDA_VISIBLE_DEVICES")
     for shape_name in args.shape or SHAPE_GROUPS["tuned"]:
         shape = SHAPES[shape_name]
         for quant in args.quant or ["tensor", "block"]:
+            todo = [M for M in map(int, args.M.split(",")) if (shape_name, quant, M) not in done]
+            if not todo:
+                continue
+            gen = case_generator(args.seed, shape_name, quant)
             weights = {g: make_weights(shape, g, quant, gen) for g in ("up", "down")}
-            for M in (int(m) for m in args.M.split(",")):
+            for M in todo:
+                if args.stop_after is not None and time.monotonic() - began > args.stop_after:
+                    _write(args, argv, bandwidth, results)
+                    print(f"stopped after {args.stop_after:.0f} s; the rest runs with --resume")
+                    return 3
+                gen = case_generator(args.seed, shape_name, quant, M)
                 draws, hit = draw_routings(shape, quant, M, args.routings, gen)
                 if earlier is None:
                     pool = candidates(quant, M, shape)
@@ -389,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                         "tried": len(tried),
                         "incorrect": len(tried) - len(good),
                         "all": tried,
+                        **({"gpu": gpu_id} if gpu_id is not None else {}),
                     }
                 )
                 c = winner["config"]
@@ -408,12 +472,45 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def spread_job(args) -> spread.Job:
+    """``--gpus``: one process per shape and quantisation (its cells share weights)."""
+    units = [
+        (shape, quant)
+        for shape in args.shape or SHAPE_GROUPS["tuned"]
+        for quant in args.quant or ["tensor", "block"]
+    ]
+
+    def arguments(unit: tuple) -> list[str]:
+        shape, quant = unit
+        own = [f"--tree={args.tree}", *(f"--peer={peer}" for peer in args.peer)]
+        own += ["--shape", shape, "--quant", quant, "--M", args.M, "--seed", str(args.seed)]
+        own += ["--routings", str(args.routings), "--top", str(args.top)]
+        own += [f"--seeded-by={path}" for path in args.seeded_by or []]
+        return own + (["--widen"] if args.widen else [])
+
+    return spread.Job(
+        module="moe_kernels.tune",
+        out=args.out,
+        units=units,
+        rows_key="results",
+        fields=("shape", "quant"),
+        arguments=arguments,
+    )
+
+
 def _write(args, argv, bandwidth, results) -> None:
     write_report(
         args.out,
         {
             **record_header("moe_kernels.tune", argv),
-            "method": {"replays": TUNE_REPLAYS, "warmup_replays": WARMUP_REPLAYS},
+            "method": {
+                "replays": TUNE_REPLAYS,
+                "warmup_replays": WARMUP_REPLAYS,
+                "seed": args.seed,
+                "tree": args.tree,
+                "peers": args.peer,
+                "routings": args.routings,
+            },
             "bandwidth": bandwidth,
             "results": results,
         },

@@ -450,3 +450,56 @@ def test_stop_after_leaves_cases_for_resume(release_trees, tmp_path):
     assert json.loads(out.read_text())["rows"] == []
     assert bench.main([*args, "--resume"]) == 0
     assert sorted(r["M"] for r in json.loads(out.read_text())["rows"]) == [3, 5]
+
+
+def _small_search(monkeypatch):
+    from moe_kernels import tune
+
+    for name, values in {"TILE_N": (64,), "TILE_K": (128,), "STAGES": (3,), "SPLITS": (1,)}.items():
+        monkeypatch.setattr(tune, name, values)
+    monkeypatch.setattr(tune, "token_tiles", lambda M: (16,))
+    return tune
+
+
+def test_tune_resumes_a_cut_short_search_on_the_routings_it_would_have_drawn(
+    release_trees, tmp_path, monkeypatch
+):
+    tune = _small_search(monkeypatch)
+    tree = release_trees("0.21.0+moe")
+    args = [f"--tree=x={tree}", "--shape", "tiny-smoke-test", "--quant", "tensor", "--seed", "7"]
+    whole, cut = tmp_path / "whole.json", tmp_path / "cut.json"
+    assert tune.main([*args, "--M", "1,2", "--out", str(whole)]) == 0
+    assert tune.main([*args, "--M", "1,2", "--stop-after", "0", "--out", str(cut)]) == 3
+    assert json.loads(cut.read_text())["results"] == []
+    assert tune.main([*args, "--M", "1", "--out", str(cut)]) == 0
+    assert tune.main([*args, "--M", "1,2", "--resume", "--out", str(cut)]) == 0
+    resumed = json.loads(cut.read_text())["results"]
+    uninterrupted = json.loads(whole.read_text())["results"]
+    assert [r["M"] for r in resumed] == [1, 2]
+    # Each cell draws from its own seed: the routing and what was tried match the whole run.
+    for a, b in zip(resumed, uninterrupted, strict=True):
+        assert a["experts_hit"] == b["experts_hit"]
+        assert [t["config"] for t in a["all"]] == [t["config"] for t in b["all"]]
+    # Another seed (or tree, peers, routings) does not continue the file.
+    with pytest.raises(SystemExit):
+        tune.main([*args[:-1], "8", "--M", "1,2", "--resume", "--out", str(cut)])
+
+
+def test_tune_spreads_shapes_and_quantisations_over_gpus(release_trees, tmp_path, monkeypatch):
+    """``tune --gpus``: a process per shape and quantisation (here re-timing an earlier
+    search's best, as a seeded search on a GPU does), merged into ``--out``."""
+    tune = _small_search(monkeypatch)
+    tree = release_trees("0.21.0+moe")
+    args = [f"--tree=x={tree}", "--shape", "tiny-smoke-test", "--quant", "tensor"]
+    args += ["--quant", "block", "--M", "1", "--seed", "3"]
+    earlier = tmp_path / "earlier.json"
+    assert tune.main([*args, "--out", str(earlier)]) == 0
+    out = tmp_path / "spread.json"
+    seeded = [*args, "--seeded-by", str(earlier), "--top", "1", "--out", str(out)]
+    assert tune.main([*seeded, "--gpus", "0,1"]) == 0
+    report = json.loads(out.read_text())
+    results = report["results"]
+    assert sorted((r["quant"], r["M"]) for r in results) == [("block", 1), ("tensor", 1)]
+    assert sorted(r["gpu"] for r in results) == ["0", "1"]
+    assert all(r["incorrect"] == 0 for r in results)
+    assert report["method"]["seed"] == 3 and report["method"]["tree"] == f"x={tree}"
