@@ -280,10 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         if earlier.get("method", {}).get("graph_us") != args.graph_us:
             parser.error(f"cannot resume {args.out}: another --graph-us; give another --out")
         args.seed, done_rows = seed, earlier.get("rows", [])
-    if gpus and args.resume and args.seed is None:  # cut short before a part was merged
-        args.seed = spread.earlier_seed(args.out)
-    if args.seed is None:
-        args.seed = int(time.time())
+    args.seed = spread.run_seed(args, gpus)
     if gpus:
         return spread.run(spread_job(args), gpus, args.resume, args.stop_after, argv)
 

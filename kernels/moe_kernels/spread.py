@@ -59,6 +59,15 @@ def earlier_seed(out: Path) -> int | None:
     return None
 
 
+def run_seed(args, gpus: list[str]) -> int:
+    """The seed a run uses: ``--seed`` or the resumed file's, else (spread, cut short before
+    any part was merged) a part's, else the time."""
+    seed = args.seed
+    if seed is None and gpus and args.resume:
+        seed = earlier_seed(args.out)
+    return seed if seed is not None else int(time.time())
+
+
 def unit_of(job: Job, row: dict) -> tuple:
     return tuple(row[field] for field in job.fields)
 

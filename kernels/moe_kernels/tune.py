@@ -383,10 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         ):
             parser.error(f"cannot resume {args.out}: another tree, peers, seed or routings")
         args.seed, results = method["seed"], earlier_run.get("results", [])
-    if gpus and args.resume and args.seed is None:  # cut short before a part was merged
-        args.seed = spread.earlier_seed(args.out)
-    if args.seed is None:
-        args.seed = int(time.time())
+    args.seed = spread.run_seed(args, gpus)
     if gpus:
         return spread.run(spread_job(args), gpus, args.resume, args.stop_after, argv)
     # configs.load_results merges searches as the tables are built: a later file's cell wins.

@@ -1155,25 +1155,33 @@ def test_flashinfer_comes_at_the_release_pin_and_changes_the_engine_environment(
     assert with_fi["PYTHONPATH"].split(os.pathsep)[:2] == ["p", str(tmp_path / "site-deps")]
 
 
-def test_a_shared_deepgemm_cache_is_marked_cold_for_the_engine_that_fills_it(monkeypatch, tmp_path):
-    shared = tmp_path / "deep_gemm-cache"
-    seen = []
+def engines_building_deepgemm(monkeypatch) -> list[dict]:
+    """Engine processes that build a kernel into their DeepGEMM cache and succeed; the
+    environment each was started with."""
+    envs = []
 
     def fake_engine(command, env, log, timeout):
-        seen.append(env["DG_JIT_CACHE_DIR"])
+        envs.append(env)
         (Path(env["DG_JIT_CACHE_DIR"]) / "kernel.cubin").write_text("built")
         spec = json.loads(Path(command[-1]).read_text())
         Path(spec["out"]).write_text(json.dumps({"startup_s": 1.0}))
         return 0
 
     monkeypatch.setattr(run, "start_engine", fake_engine)
+    return envs
+
+
+def test_a_shared_deepgemm_cache_is_marked_cold_for_the_engine_that_fills_it(monkeypatch, tmp_path):
+    shared = tmp_path / "deep_gemm-cache"
+    envs = engines_building_deepgemm(monkeypatch)
     staged = {"sites": {"patched": "p", "deps": "d"}, "models": str(tmp_path), "dependencies": []}
     variant = {"name": "m-fp8-block-patched", "model": "m", "kind": "fp8-block", "wheel": "patched"}
     variant["env"] = {"DG_JIT_CACHE_DIR": str(shared)}
     first = run.run_variant(staged, variant, dict(run.DEFAULT_SPEC), tmp_path, 10)
     second = run.run_variant(staged, variant, dict(run.DEFAULT_SPEC), tmp_path, 10)
     assert (first["deepgemm_cache"], second["deepgemm_cache"]) == ("cold", "warm")
-    assert seen == [str(shared)] * 2 and first["result"] == {"startup_s": 1.0}
+    assert [env["DG_JIT_CACHE_DIR"] for env in envs] == [str(shared)] * 2
+    assert first["result"] == {"startup_s": 1.0}
     # Each record names the machine it ran on (the report pairs engines by it).
     assert first["machine"] == second["machine"] == run.machine_id() != ""
 
@@ -1193,16 +1201,7 @@ def test_the_shared_deepgemm_cache_is_an_absolute_path(monkeypatch, staged_dir):
 def test_each_gpu_slot_has_its_own_shared_deepgemm_cache(monkeypatch, tmp_path):
     """Engines side by side never build into one cache at once: each slot has its own, and an
     engine is cold or warm by its own slot's cache."""
-    built = []
-
-    def fake_engine(command, env, log, timeout):
-        built.append((env["CUDA_VISIBLE_DEVICES"], env["DG_JIT_CACHE_DIR"]))
-        (Path(env["DG_JIT_CACHE_DIR"]) / "kernel.cubin").write_text("built")
-        spec = json.loads(Path(command[-1]).read_text())
-        Path(spec["out"]).write_text(json.dumps({"startup_s": 1.0}))
-        return 0
-
-    monkeypatch.setattr(run, "start_engine", fake_engine)
+    envs = engines_building_deepgemm(monkeypatch)
     staged = {"sites": {"patched": "p", "deps": "d"}, "models": str(tmp_path), "dependencies": []}
     shared = tmp_path / "deep_gemm-cache"
     variant = {"name": "m-fp8-block-patched", "model": "m", "kind": "fp8-block", "wheel": "patched"}
@@ -1213,7 +1212,7 @@ def test_each_gpu_slot_has_its_own_shared_deepgemm_cache(monkeypatch, tmp_path):
         run.run_variant(staged, variant, dict(run.DEFAULT_SPEC), tmp_path, 10, gpus)
         for gpus in (*slots, slots[0])
     ]
-    assert built == [
+    assert [(env["CUDA_VISIBLE_DEVICES"], env["DG_JIT_CACHE_DIR"]) for env in envs] == [
         ("0,1", f"{shared}-gpu0-1"),
         ("2,3", f"{shared}-gpu2-3"),
         ("0,1", f"{shared}-gpu0-1"),
