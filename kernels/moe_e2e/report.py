@@ -52,11 +52,8 @@ def _default_backend(variant: dict) -> bool:
 
 
 def _unique(engines) -> list[dict]:
-    out: list[dict] = []
-    for engine in engines:
-        if not any(engine is seen for seen in out):
-            out.append(engine)
-    return out
+    """Each engine once, in order (a result file's names are unique)."""
+    return list({engine["name"]: engine for engine in engines}.values())
 
 
 def _ratio(new, old) -> str:
@@ -166,7 +163,7 @@ def markdown(report: dict) -> str:
     lines.append("- MoE routing: " + ROUTING_WORDS[report["spec"].get("routing", "model")])
     lines.append("- FlashInfer: " + _flashinfer_line(report.get("flashinfer")))
     if report["spec"].get("shared_deepgemm_cache"):
-        per = "GPU slot" if len(report["spec"].get("gpu_slots") or [None]) > 1 else "run"
+        per = "GPU slot" if len(report["spec"].get("gpu_slots") or [None]) > 1 else "machine"
         lines.append(
             f"- one DeepGEMM kernel cache per {per}, shared by its engines "
             "(`--share-deepgemm-cache`): start-up excludes building DeepGEMM's kernels except "

@@ -242,25 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep the cases --out already holds (same trees and seed) and measure the rest",
     )
-    parser.add_argument(
-        "--gpus",
-        default=None,
-        help="GPU ids of this host (e.g. 0,1,2,3): each weight set (shape, GEMM, quant) runs in "
-        "a process of its own on the next free GPU (moe_kernels.spread)",
-    )
-    parser.add_argument(
-        "--stop-after",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="start no case after SECONDS (a device call's limit); the rest runs with --resume "
-        "(exit code 3)",
-    )
+    spread.add_arguments(parser, unit="weight set (shape, GEMM, quant)", what="case")
     args = parser.parse_args(argv)
     began = time.monotonic()
-    gpus = [g.strip() for g in (args.gpus or "").split(",") if g.strip()]
-    if args.gpus is not None and (not gpus or len(set(gpus)) != len(gpus)):
-        parser.error(f"--gpus takes distinct GPU ids, comma-separated, not {args.gpus!r}")
+    gpus = spread.gpu_ids(parser, args)
     if args.routings < 1:
         parser.error("--routings must be at least 1")
     try:

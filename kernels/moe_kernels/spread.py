@@ -41,6 +41,33 @@ class Job:
     arguments: Callable[[tuple], list[str]]  # a unit's own arguments, without --out
 
 
+def add_arguments(parser, unit: str, what: str) -> None:
+    """``--stop-after`` and ``--gpus`` as bench and tune take them (``unit``: what one process
+    runs; ``what``: what --stop-after stops starting)."""
+    parser.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"start no {what} after SECONDS (a device call's limit); the rest runs with "
+        "--resume (exit code 3)",
+    )
+    parser.add_argument(
+        "--gpus",
+        default=None,
+        help=f"GPU ids of this host (e.g. 0,1,2,3): each {unit} in a process of its own on "
+        "the next free GPU (moe_kernels.spread)",
+    )
+
+
+def gpu_ids(parser, args) -> list[str]:
+    """``--gpus`` as a list (empty: not spread); a parser error for a malformed one."""
+    gpus = [g.strip() for g in (args.gpus or "").split(",") if g.strip()]
+    if args.gpus is not None and (not gpus or len(set(gpus)) != len(gpus)):
+        parser.error(f"--gpus takes distinct GPU ids, comma-separated, not {args.gpus!r}")
+    return gpus
+
+
 def parts_dir(out: Path) -> Path:
     return out.with_name(out.name + ".parts")
 

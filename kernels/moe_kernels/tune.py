@@ -347,27 +347,12 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the cells --out already holds (same tree, peers, seed and routings) and "
         "search the rest",
     )
-    parser.add_argument(
-        "--stop-after",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="start no cell after SECONDS (a device call's limit); the rest runs with --resume "
-        "(exit code 3)",
-    )
-    parser.add_argument(
-        "--gpus",
-        default=None,
-        help="GPU ids of this host (e.g. 0,1,2,3): each shape and quantisation searched in a "
-        "process of its own on the next free GPU (moe_kernels.spread)",
-    )
+    spread.add_arguments(parser, unit="shape and quantisation", what="cell")
     args = parser.parse_args(argv)
     began = time.monotonic()
     if args.widen and not args.seeded_by:
         parser.error("--widen widens the seeds of --seeded-by: name an earlier search")
-    gpus = [g.strip() for g in (args.gpus or "").split(",") if g.strip()]
-    if args.gpus is not None and (not gpus or len(set(gpus)) != len(gpus)):
-        parser.error(f"--gpus takes distinct GPU ids, comma-separated, not {args.gpus!r}")
+    gpus = spread.gpu_ids(parser, args)
     # What a resumed file must share with this run for its cells to count.
     same = {"tree": args.tree, "peers": args.peer, "routings": args.routings}
     results = []
