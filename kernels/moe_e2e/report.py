@@ -1,4 +1,8 @@
-"""Markdown for an end-to-end result file (``python -m moe_e2e.report RESULT.json``)."""
+"""Markdown and a plot for an end-to-end result file (``python -m moe_e2e.report RESULT.json``).
+
+Writes ``RESULT.md`` and, when matplotlib is installed (the ``plot`` extra), ``RESULT.png``:
+time per output token against batch size and output tokens/s, one panel per FP8 kind.
+"""
 
 from __future__ import annotations
 
@@ -329,6 +333,81 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _engine_label(variant: dict) -> str:
+    asked = variant.get("requested_backend") or variant.get("fp8_env") or ""
+    tuned = " autotuned" if "autotune" in variant["name"] else ""
+    label = f"{variant['wheel']}: {variant.get('moe_backend') or '?'}{tuned}"
+    return label + (f" (asked {asked})" if asked and asked != "auto" else "")
+
+
+def tpot_over_reference(engines: list[dict], batches: list[str]):
+    """Each engine's time per token over the kind's reference engine (the patched wheel on its
+    default backend, else the first engine) per batch, with the distance down to the fastest
+    and up to the slowest repeat: ``reference, [(ratio, low, high), ...]``."""
+    defaults = [v for v in engines if v["wheel"] == "patched" and _default_backend(v)]
+    reference = (defaults or engines)[0]
+    series = []
+    for v in engines:
+        ratio, low, high = [], [], []
+        for b in batches:
+            times, scale = v["result"]["decode"][b], reference["result"]["decode"][b]["median_ms"]
+            ratio.append(times["median_ms"] / scale)
+            low.append(ratio[-1] - min(times["tpot_ms"]) / scale)
+            high.append(max(times["tpot_ms"]) / scale - ratio[-1])
+        series.append((ratio, low, high))
+    return reference, series
+
+
+def decode_plot(report: dict, path: Path) -> None:
+    """Per FP8 kind: each engine's time per token over the kind's patched default-backend
+    engine at every decode batch (bars: fastest and slowest repeat), and output tokens/s."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    served = [v for v in report["variants"] if v.get("result")]
+    kinds = list(dict.fromkeys(v["kind"] for v in served))
+    if not kinds:
+        return
+    batches = [str(b) for b in report["spec"]["decode_batches"]]
+    fig, axes = plt.subplots(2, len(kinds), figsize=(5 * len(kinds), 8), squeeze=False)
+    for col, kind in enumerate(kinds):
+        engines = [v for v in served if v["kind"] == kind]
+        reference, series = tpot_over_reference(engines, batches)
+        top, bottom = axes[0][col], axes[1][col]
+        labels = [f"{_engine_label(v)}, round {v.get('round', 1)}" for v in engines]
+        for (ratio, low, high), label in zip(series, labels, strict=True):
+            top.errorbar(
+                [int(b) for b in batches],
+                ratio,
+                yerr=[low, high],
+                marker="o",
+                capsize=3,
+                label=label,
+            )
+        top.set_xscale("log", base=2)
+        top.set_yscale("log")
+        plain = matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}")
+        top.yaxis.set_major_formatter(plain)
+        top.yaxis.set_minor_formatter(plain)
+        top.set_xlabel("decode batch")
+        top.set_ylabel(f"time per token ÷ {_engine_label(reference)}'s")
+        top.set_title(f"{report['model']}, {kind}")
+        top.grid(alpha=0.3, which="both")
+        top.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.14))
+        rates = [v["result"]["throughput"]["output_tokens_per_s"] for v in engines]
+        bottom.barh(range(len(engines)), rates, color="tab:blue", alpha=0.5)
+        for row, label in enumerate(labels):
+            bottom.text(10, row, label, va="center", fontsize=7)
+        bottom.set_yticks([])
+        bottom.set_xlabel("offline throughput, output tokens/s")
+        bottom.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def refresh_log_facts(report: dict, logs: Path) -> None:
     """Re-read each variant's facts from its kept log (the parser may have learnt more)."""
     from .run import parse_log
@@ -372,6 +451,10 @@ def main(argv: list[str] | None = None) -> int:
         resort_profiles(report)
         args.result.write_text(json.dumps(report, indent=2) + "\n")
     args.result.with_suffix(".md").write_text(markdown(report))
+    try:
+        decode_plot(report, args.result.with_suffix(".png"))
+    except ImportError:
+        print(f"{args.result}: matplotlib is not installed; wrote the Markdown only")
     return 0
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from moe_e2e import bundle, engine, models, run, stage
+from moe_e2e import report as e2e_report
 from moe_e2e.report import markdown
 
 
@@ -1437,3 +1438,46 @@ def test_stubs_stand_in_for_left_out_kernels_and_stop_loudly_when_called(tmp_pat
     )
     assert stopped.returncode != 0
     assert "has no _ZN12tensorrt_llm6RunnerIfE3runEv: rebuild with --kernels all" in stopped.stderr
+
+
+def test_the_plot_shows_each_engine_over_the_patched_default_engine(tmp_path):
+    """The plot's decode panel: time per token over the kind's patched engine on its default
+    backend, with the fastest and slowest repeat as error bars; a kind with no such engine is
+    drawn over its first engine; a failed engine is left out."""
+
+    def engine(name, wheel, repeats, **asked):
+        result = {
+            "startup_s": 60,
+            "first_ttft_s": 0.5,
+            "decode": {"1": {"tpot_ms": repeats, "median_ms": sorted(repeats)[1]}},
+            "throughput": {"output_tokens_per_s": 1000},
+            "trace": {"ttft_p50_ms": 40, "ttft_p99_ms": 400, "triton_kernels_compiled": 0},
+        }
+        return {
+            "name": name,
+            "kind": "fp8-static",
+            "wheel": wheel,
+            "log": "l",
+            "result": result,
+            "moe_backend": "B",
+            **asked,
+        }
+
+    official = engine("o", "official", [9.0, 10.0, 12.0])
+    patched = engine("p", "patched", [4.0, 5.0, 5.5])
+    forced = engine("f", "patched", [20.0, 20.0, 20.0], fp8_env="flashinfer_cutlass")
+    reference, series = e2e_report.tpot_over_reference([official, patched, forced], ["1"])
+    assert reference is patched
+    (ratio, low, high), _, (forced_ratio, _, _) = series
+    assert ratio == [2.0] and low == pytest.approx([0.2]) and high == pytest.approx([0.4])
+    assert forced_ratio == [4.0]
+    reference, series = e2e_report.tpot_over_reference([forced, official], ["1"])
+    assert reference is forced and series[1][0] == [0.5]
+
+    pytest.importorskip("matplotlib")
+    failed = {"name": "x", "kind": "fp8-block", "wheel": "patched", "log": "x", "returncode": 1}
+    result_file = tmp_path / "r.json"
+    result_file.write_text(json.dumps(_report([official, patched, forced, failed])))
+    assert e2e_report.main([str(result_file)]) == 0
+    assert result_file.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| o | B |" in result_file.with_suffix(".md").read_text()
