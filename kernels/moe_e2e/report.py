@@ -334,10 +334,11 @@ def markdown(report: dict) -> str:
 
 
 def _engine_label(variant: dict) -> str:
-    asked = variant.get("requested_backend") or variant.get("fp8_env") or ""
-    tuned = " autotuned" if "autotune" in variant["name"] else ""
-    label = f"{variant['wheel']}: {variant.get('moe_backend') or '?'}{tuned}"
-    return label + (f" (asked {asked})" if asked and asked != "auto" else "")
+    """``wheel: BACKEND``, with what the engine was asked for beyond the defaults."""
+    asked = variant.get("requested_backend") or variant.get("fp8_env") or "auto"
+    extras = ([f"asked {asked}"] if asked != "auto" else []) + variant.get("engine_flags", [])
+    label = f"{variant['wheel']}: {variant.get('moe_backend') or '?'}"
+    return label + (f" ({', '.join(extras)})" if extras else "")
 
 
 def tpot_over_reference(engines: list[dict], batches: list[str]):
