@@ -12,6 +12,7 @@ import io
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 from moe_e2e import bundle, engine, models, run, stage
 from moe_e2e import report as e2e_report
+from moe_e2e.profile import KINDS
 from moe_e2e.report import markdown
 
 
@@ -843,6 +845,21 @@ def _report(variants: list[dict]) -> dict:
     }
 
 
+def _served(name, kind, wheel, decode, ttft_p50=40.0, tokens_per_s=1000.0, **fields) -> dict:
+    """An engine record that served: ``decode`` maps a batch to its repeats' ms per token."""
+    result = {
+        "startup_s": 60,
+        "first_ttft_s": 0.5,
+        "decode": {
+            b: {"tpot_ms": repeats, "median_ms": statistics.median(repeats)}
+            for b, repeats in decode.items()
+        },
+        "throughput": {"output_tokens_per_s": tokens_per_s},
+        "trace": {"ttft_p50_ms": ttft_p50, "ttft_p99_ms": 400, "triton_kernels_compiled": 0},
+    }
+    return {"name": name, "kind": kind, "wheel": wheel, "log": "l", "result": result, **fields}
+
+
 def test_report_compares_the_wheels_per_kind():
     def result(scale):
         return {
@@ -906,23 +923,16 @@ def test_report_pairs_engines_only_on_one_machine_and_marks_the_rest():
     the same backend): a ratio comes from engines that ran on one machine, else it is marked."""
 
     def engine(name, kind, wheel, machine, tpot, **asked):
-        result = {
-            "startup_s": 60,
-            "first_ttft_s": 0.5,
-            "decode": {"1": {"tpot_ms": [tpot], "median_ms": tpot}},
-            "throughput": {"output_tokens_per_s": 1000 / tpot},
-            "trace": {"ttft_p50_ms": 40, "ttft_p99_ms": 400, "triton_kernels_compiled": 0},
-        }
-        return {
-            "name": name,
-            "kind": kind,
-            "wheel": wheel,
-            "machine": machine,
-            "log": "l",
-            "moe_backend": "B",
-            "result": result,
+        return _served(
+            name,
+            kind,
+            wheel,
+            {"1": [tpot]},
+            tokens_per_s=1000 / tpot,
+            machine=machine,
+            moe_backend="B",
             **asked,
-        }
+        )
 
     report = _report(
         [
@@ -937,7 +947,10 @@ def test_report_pairs_engines_only_on_one_machine_and_marks_the_rest():
         ]
     )
     text = markdown(report)
-    rows = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| ")}
+    rows: dict[str, str] = {}  # the first row of each name: the ratio table's, for a kind
+    for line in text.splitlines():
+        if line.startswith("| "):
+            rows.setdefault(line.split(" | ")[0][2:], line)
     # Block: only o1 and p1 ran on one machine; o2 and p3 (4.5/5.0 against 3.0/6.0) left out.
     assert "| 1 + 1 (of 2 + 2) | 1.000 | 0.900 | 1.111 |" in rows["fp8-block"]
     # Static: no pair on one machine, so compared across machines and marked.
@@ -1446,22 +1459,7 @@ def test_the_plot_shows_each_engine_over_the_patched_default_engine(tmp_path):
     drawn over its first engine; a failed engine is left out."""
 
     def engine(name, wheel, repeats, **asked):
-        result = {
-            "startup_s": 60,
-            "first_ttft_s": 0.5,
-            "decode": {"1": {"tpot_ms": repeats, "median_ms": sorted(repeats)[1]}},
-            "throughput": {"output_tokens_per_s": 1000},
-            "trace": {"ttft_p50_ms": 40, "ttft_p99_ms": 400, "triton_kernels_compiled": 0},
-        }
-        return {
-            "name": name,
-            "kind": "fp8-static",
-            "wheel": wheel,
-            "log": "l",
-            "result": result,
-            "moe_backend": "B",
-            **asked,
-        }
+        return _served(name, "fp8-static", wheel, {"1": repeats}, moe_backend="B", **asked)
 
     official = engine("o", "official", [9.0, 10.0, 12.0])
     patched = engine("p", "patched", [4.0, 5.0, 5.5])
@@ -1481,3 +1479,42 @@ def test_the_plot_shows_each_engine_over_the_patched_default_engine(tmp_path):
     assert e2e_report.main([str(result_file)]) == 0
     assert result_file.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| o | B |" in result_file.with_suffix(".md").read_text()
+
+
+def test_the_target_table_marks_each_kind_met_or_short_with_the_moe_gemms_share():
+    """The claim's numbers per kind (decode gain at batch <= 16, trace TTFT cut), from pairs
+    on one machine, and what the MoE GEMMs took per step in both wheels; a kind compared
+    across machines gets no TTFT verdict."""
+
+    def engine(name, kind, wheel, machine, tpot, ttft, moe_us=None, share=None):
+        decode = {b: [t] for b, t in zip(("1", "16", "64"), tpot, strict=True)}
+        served = _served(name, kind, wheel, decode, ttft, machine=machine, moe_backend="TRITON")
+        if moe_us is not None:
+            others = dict.fromkeys(KINDS, 0)
+            served["result"]["profile"] = {
+                "1": {
+                    "kernel_us_per_step": moe_us / share,
+                    "us_per_step": {**others, "moe_gemm": moe_us},
+                    "share": {**others, "moe_gemm": share},
+                }
+            }
+        return served
+
+    report = _report(
+        [
+            engine("o", "fp8-dynamic", "official", "m1", (5.5, 10.0, 20.0), 100.0, 1000.0, 0.25),
+            engine("p", "fp8-dynamic", "patched", "m1", (5.0, 9.5, 10.0), 90.0, 800.0, 0.2),
+            engine("ob", "fp8-block", "official", "m1", (5.0, 5.0, 5.0), 100.0),
+            engine("pb", "fp8-block", "patched", "m2", (5.0, 5.0, 5.0), 50.0),
+        ]
+    )
+    report["spec"]["decode_batches"] = [1, 16, 64]
+    text = markdown(report)
+    assert "## Against the target: ≥ 10% decode throughput at batch ≤ 16" in text
+    dynamic = [line for line in text.splitlines() if line.startswith("| fp8-dynamic | TRITON")]
+    assert dynamic == [
+        "| fp8-dynamic | TRITON → TRITON | +10.0% ✓ | +5.3% ✗ | +10.0% ✓ | 1000 → 800 (20%) |"
+    ]
+    block = [line for line in text.splitlines() if line.startswith("| fp8-block ‡ | TRITON")]
+    assert block == ["| fp8-block ‡ | TRITON → TRITON | +0.0% ✗ | +0.0% ✗ | +50.0% ‡ | – |"]
+    assert "| decode gain B=16 | trace TTFT p50 cut |" in text and "decode gain B=64" not in text
