@@ -178,12 +178,11 @@ def _medians(official: list[dict], patched: list[dict], metric) -> tuple:
     return _median(map(metric, official)), _median(map(metric, patched))
 
 
-def target_table(report: dict, batches: list[str]) -> list[str]:
+def target_table(kinds: dict, batches: list[str]) -> list[str]:
     """Per FP8 kind, the patched wheel against the official one on the claim's two numbers
     (official ÷ patched time per token at each batch up to 16; trace TTFT p50 cut), each
     marked met or short, with what the MoE GEMMs took per decode step in both where profiled,
-    which bounds what a faster MoE GEMM could change."""
-    kinds = kind_pairs(report)
+    which bounds what a faster MoE GEMM could change (``kinds``: :func:`kind_pairs`)."""
     small = [b for b in batches if int(b) <= TARGET_DECODE_BATCH]
     profiled = sorted(
         {
@@ -346,7 +345,8 @@ def markdown(report: dict) -> str:
     ]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     across_machines = False
-    for kind, (wheels, pairs, across) in kind_pairs(report).items():
+    kinds = kind_pairs(report)
+    for kind, (wheels, pairs, across) in kinds.items():
         mark = " ‡" if across else ""
         across_machines |= across
         o = [r["result"] for r in _unique(o for o, _ in pairs)]
@@ -361,7 +361,7 @@ def markdown(report: dict) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     table, marked = head_to_head_table(report, batches)
-    lines += target_table(report, batches) + table
+    lines += target_table(kinds, batches) + table
     if across_machines or marked:
         lines += [
             "",
