@@ -23,9 +23,13 @@ named by the tree's own ``get_config_file_name``):
   take that M over;
 * a new file holds the searched token counts (the winner, or the tree's
   default as the search timed it, with the split it offers, when nothing beat
-  it by ``MIN_GAIN``) and, for larger batches,
-  the tree's own default at vLLM's usual batch sizes, so the file changes
-  nothing where nothing was measured.
+  it by ``MIN_GAIN``);
+* above the largest searched token count, every file gets the entries that make
+  vLLM's nearest-entry lookup launch what the tree launches without the file (its
+  default, or its shipped file's nearest entry) at every M
+  (:func:`moe_kernels.lookup.own_beyond_the_search`), so the file changes nothing
+  where nothing was measured; between searched token counts the nearest searched
+  entry serves.
 
 Entries are in vLLM's format.  Every entry at a searched M names ``SPLIT_K``, even 1:
 the patched launcher splits an entry that does not where its Swap-AB grid leaves SMs
@@ -39,19 +43,19 @@ differs from the launcher's rule.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
 
 from .dispatch import tree_selection
 from .loader import FUSED_MOE_REL
+from .lookup import own_beyond_the_search
 from .measure import SHAPES
 
 MIN_GAIN = 0.03
 PEER_FLOOR = 0.98
 GPU_NAME = "NVIDIA H200"
-# Batch sizes vLLM's benchmark_moe tunes beyond the decode range searched here.
-LARGER_M = (96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 ENTRY_KEYS = (
     "BLOCK_SIZE_M",
     "BLOCK_SIZE_N",
@@ -172,6 +176,14 @@ def _default(ns: dict, shape, block: list[int] | None, M: int) -> dict:
     return vllm_entry(config)
 
 
+def _own_choice(ns: dict, shape, block: list[int] | None, released: dict):
+    """M -> the entry the tree launches without this file: the entry nearest to M in the
+    file it ships, else its default (cached: the lookup fill asks for every M)."""
+    if any(k.isdigit() for k in released):
+        return functools.cache(lambda M: released[nearest_entry(released, M)])
+    return functools.cache(lambda M: _default(ns, shape, block, M))
+
+
 def decides_swap_itself(tree: Path) -> bool:
     """Whether the tree's launcher is upstream's Swap-AB one (0.25+): it decides with
     ``enable_swap_ab`` alone and passes ``SWAP_AB=`` beside ``**config``, so a table
@@ -226,9 +238,7 @@ def build_files(tree: Path, rows: dict) -> dict[str, tuple[dict, bool, list[str]
                 if nearest != str(M):
                     why += f"; the shipped M={nearest} entry pinned at M={M}"
             log.append(f"M={M}: {'tuned' if entry else 'kept'} ({why})")
-        if not shipped.exists():
-            for M in LARGER_M:
-                table[str(M)] = _default(ns, shape, block, M)
+        table = own_beyond_the_search(table, searched, _own_choice(ns, shape, block, released))
         table = dict(
             sorted(
                 table.items(),

@@ -91,6 +91,9 @@ def tree_selection(tree: str, gpu_name: str, config_folder: str | None) -> dict[
         "logger": _QuietLogger(),
     }
     exec(compile(code, str(path), "exec"), namespace)
+    # vLLM reads each config file once (get_moe_configs is an lru_cache there; the lifted
+    # function lost its decorator): so here too, a file written later is not seen.
+    namespace["get_moe_configs"] = functools.cache(namespace["get_moe_configs"])
     return namespace
 
 

@@ -11,9 +11,11 @@ dispatch's own config is kept, so no M gets a config slower than the tree's.
 After each M, two files in the output folder are replaced atomically:
 
 * vLLM's config file for (E, N, this GPU), named by the tree's own
-  ``get_config_file_name``: the chosen config at every tuned M, and the tree's
-  own dispatch at every other M of the grid and at vLLM's larger batch sizes,
-  so that the file changes nothing where nothing was measured;
+  ``get_config_file_name``: the chosen config at every tuned M, the tree's own
+  dispatch at every other M of the grid, and, below and above the grid, the
+  entries that make vLLM's nearest-entry lookup launch the tree's dispatch at
+  every M (:mod:`moe_kernels.lookup`), so that the file changes nothing where
+  nothing was measured;
 * :data:`STATE_NAME`, the report: per M the chosen config, its time and the
   dispatch's, the speed-up and the routings.  A run with the same inputs
   skips the M values it already holds.
@@ -22,15 +24,17 @@ After each M, two files in the output folder are replaced atomically:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
 
-from .configs import BLOCK_SHAPE, LARGER_M, MIN_GAIN, vllm_entry
+from .configs import BLOCK_SHAPE, MIN_GAIN, vllm_entry
 from .dispatch import config_for, device_name, tree_selection
 from .loader import load_fused_moe_kernel
+from .lookup import own_beyond_the_search
 from .measure import (
     DEVICE,
     Shape,
@@ -54,6 +58,15 @@ def config_file_name(tree: Path, shape: Shape, quant: str) -> str:
     """The file vLLM looks up for this shape on this GPU, in the tree's own words."""
     ns = tree_selection(str(tree), device_name(), None)
     return ns["get_config_file_name"](shape.experts, shape.intermediate, DTYPE, block_shape(quant))
+
+
+def shipped_token_counts(tree: Path, shape: Shape, quant: str) -> list[int]:
+    """The token counts of the config file the tree ships for this shape on this GPU."""
+    ns = tree_selection(str(tree), device_name(), None)
+    block_n, block_k = block_shape(quant) or (0, 0)
+    return sorted(
+        ns["get_moe_configs"](shape.experts, shape.intermediate, DTYPE, block_n, block_k) or ()
+    )
 
 
 def dispatch_config(tree: Path, shape: Shape, quant: str, M: int) -> dict:
@@ -105,13 +118,24 @@ def tune_one_m(variant, shape, quant, M, weights, routings, seed, candidates_for
     }
 
 
+@functools.cache
+def own_choice(tree: Path, shape: Shape, quant: str) -> Callable[[int], dict]:
+    """M -> the tree's dispatch at M as a table entry (cached: the lookup fill asks for
+    every M outside the tuned range, and the table is written after each M)."""
+    return functools.cache(lambda M: vllm_entry(dispatch_config(tree, shape, quant, M)))
+
+
 def config_table(tree: Path, shape: Shape, quant: str, Ms: Iterable[int], rows: dict) -> dict:
-    """vLLM's table: each tuned row's config, the tree's dispatch at every other M."""
-    table = {}
-    for M in sorted({*Ms, *LARGER_M}):
-        row = rows.get(str(M))
-        table[str(M)] = row["config"] if row else vllm_entry(dispatch_config(tree, shape, quant, M))
-    return table
+    """vLLM's table: each tuned row's config, the tree's dispatch at every other M of the
+    grid, and, outside the grid's range, the entries that make vLLM's nearest-entry lookup
+    launch the tree's dispatch at every M."""
+    own = own_choice(Path(tree), shape, quant)
+    Ms = sorted(set(Ms))
+    # The tree's own file, where it ships one, serves outside the grid as it stands.
+    table = {str(M): own(M) for M in shipped_token_counts(tree, shape, quant)}
+    table = {k: v for k, v in table.items() if not Ms[0] <= int(k) <= Ms[-1]}
+    table |= {str(M): rows[str(M)]["config"] if str(M) in rows else own(M) for M in Ms}
+    return own_beyond_the_search(table, Ms, own)
 
 
 def tune_model(

@@ -64,10 +64,12 @@ def test_the_written_file_is_what_the_trees_own_lookup_reads(tree, tiny_shape, t
         assert source == f"tuned:{report['config_file']}[{M}]"
         assert config == row["config"]
         assert row["candidates"] == 1 and row["rejected"] == 0
-    # M values nobody tuned keep the tree's own dispatch
-    assert config_for(tree, 4096, 8, 128, 256, 2, config_folder=str(out))[0] == (
-        vllm_entry(model_tune.dispatch_config(tree, tiny_shape, "tensor", 4096))
-    )
+    # M values nobody tuned keep the tree's own dispatch, through vLLM's nearest-entry
+    # lookup in the written file
+    for M in [*range(3, 700), 1031, 1032, 1033, 4096, 65536]:
+        tuned, _ = config_for(tree, M, 8, 128, 256, 2, config_folder=str(out))
+        own = vllm_entry(model_tune.dispatch_config(tree, tiny_shape, "tensor", M))
+        assert vllm_entry(tuned) == own, M
 
 
 def test_a_rerun_resumes_after_the_m_values_it_holds(tree, tiny_shape, tmp_path, monkeypatch):

@@ -5,8 +5,8 @@
   committed searches on the unpatched release (kernels/results/provenance/h200-tune-joint.json
   with h200-tune-decode-0.21.json, its M <= 8 re-run, and h200-tune-peers-0.21.json,
   the M <= 8 search that also timed 0.21.0 and 0.33.0 as released, on 0.21.0;
-  h200-tune-split-k-0.33.json on 0.33.0): each table is reproducible from the
-  measurements, byte for byte.
+  h200-tune-split-k-0.33.json on 0.33.0, and on 0.34.0 for the 0.34 series): each
+  table is reproducible from the measurements, byte for byte.
 * ``moe_kernels.configs`` keeps shipped entries unless a search beat them by
   more than its noise margin, and fills new files with the tree's defaults.
 * The harness's split-K and pipeline-depth rules are the patches' own
@@ -45,6 +45,8 @@ SEARCHES = {
         *CAPTURE_SEARCHES,
     ],
     "0.33.0": ["h200-tune-split-k-0.33.json", "h200-tune-capture-0.33.json"],
+    # the 0.34 series carries the same tables (0.34.0 ships the same files and defaults)
+    "0.34.0": ["h200-tune-split-k-0.33.json", "h200-tune-capture-0.33.json"],
 }
 
 
@@ -82,6 +84,14 @@ SWAP_TILE = {
 }
 
 
+def assert_lookup_as_shipped(table: dict, shipped: dict, token_counts) -> None:
+    """At each M, vLLM's nearest-entry lookup gives from ``table`` what it gave from the
+    file the release ships."""
+    for M in token_counts:
+        ours = table[configs.nearest_entry(table, M)]
+        assert ours == shipped[configs.nearest_entry(shipped, M)], M
+
+
 def test_tables_keep_what_the_search_did_not_beat(release_trees):
     tree = release_trees("0.21.0")
     rows = {
@@ -102,19 +112,28 @@ def test_tables_keep_what_the_search_did_not_beat(release_trees):
     # M=2 was within the noise margin: the shipped entry stays, naming the split it was
     # timed with (none), so the launcher does not offer it one; every other entry is as shipped
     assert table["2"] == {**shipped["2"], "SPLIT_K": 1}
-    assert {k: v for k, v in table.items() if k not in ("1", "2")} == {
-        k: v for k, v in shipped.items() if k not in ("1", "2")
-    }
+    assert all(table[k] == v for k, v in shipped.items() if k not in ("1", "2"))
     assert log[1].startswith("M=2: kept")
+    # Above the search, vLLM's lookup launches what it launched from the shipped file: at
+    # M=3 the shipped M=2 entry without a SPLIT_K (the launcher may split it), which the
+    # kept M=2 entry no longer is, so the file gains it at 3
+    assert_lookup_as_shipped(table, shipped, range(3, 5000))
+    assert table["3"] == shipped["2"]
 
     qwen_name = "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"
     table, newline, _ = files[qwen_name]
     assert newline and not (tree / CONFIGS_REL / qwen_name).exists()
     ns = configs.tree_selection(str(tree), configs.GPU_NAME, None)
-    for M in configs.LARGER_M:
+    # Below and above the one searched M, vLLM's nearest-entry lookup in the new file gives
+    # the tree's default at every M (the limit of the check: its last change, 129 tokens
+    # per expert), each naming SPLIT_K 1: the launcher offers no split there
+    keys = [int(k) for k in table]
+    for M in [*range(1, 8), *range(9, 16_600)]:
         default = ns["get_default_config"](M, 128, 768, 2048, 8, "fp8_w8a8", None)
-        assert table[str(M)] == configs.vllm_entry(default), M
-        assert table[str(M)]["SPLIT_K"] == 1  # named: the launcher offers no split there
+        entry = table[configs.nearest_entry(table, M)]
+        assert entry == configs.vllm_entry(default), M
+        assert entry["SPLIT_K"] == 1
+    assert keys == sorted(keys)  # in vLLM's order
     # M=8 kept the tree's default as the search timed it, with the split the tree offered
     timed_default = rows[("qwen3-30b-a3b", "tensor", 8)]["dispatch"]["config"]
     assert table["8"] == configs.vllm_entry(timed_default)
@@ -140,9 +159,8 @@ def test_a_kept_m_between_shipped_entries_is_pinned_to_the_entry_it_launched(rel
     assert table["56"] == {**shipped["48"], "SPLIT_K": 1}
     assert table["32"] == {**shipped["32"], "SPLIT_K": 1}
     searched = ("32", "40", "56")
-    assert {k: v for k, v in table.items() if k not in searched} == {
-        k: v for k, v in shipped.items() if k not in searched
-    }
+    assert all(table[k] == v for k, v in shipped.items() if k not in searched)
+    assert_lookup_as_shipped(table, shipped, [*range(1, 32), *range(57, 5000)])
     assert list(table) == sorted(table, key=int)  # in vLLM's order
     assert "M=40: kept" in log[1] and "shipped M=32 entry pinned" in log[1]
     assert "pinned" not in log[0]
