@@ -54,6 +54,7 @@ from .measure import (
     REPLAYS,
     SHAPE_GROUPS,
     SHAPES,
+    VLLM_GRID,
     WARMUP_REPLAYS,
     Variant,
     captured,
@@ -75,9 +76,6 @@ from .reference import ref_moe_layer_quantized
 from .stats import rel_frobenius_error
 
 DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# Every token count up to 16, then the decode batch sizes vLLM captures CUDA graphs for (and
-# pads a batch up to) up to 512: multiples of 8 to 256, of 16 beyond.
-VLLM_GRID = (*range(1, 17), *range(24, 257, 8), *range(272, 513, 16))
 
 
 SAVE_EVERY_S = 20  # --out is rewritten at least this often, and after each weight set

@@ -138,3 +138,23 @@ def test_the_command_prints_the_gain_per_m_and_the_folder_for_vllm(tree, tmp_pat
     assert [line.split()[0] for line in lines[1:3]] == ["1", "2"]
     assert lines[3] == f"wrote {out / tiny_file_name()}"
     assert lines[4] == f"export VLLM_TUNED_CONFIG_FOLDER={out}"
+
+
+def test_without_m_the_command_tunes_vllms_whole_capture_grid(tree, tmp_path, monkeypatch):
+    """Every M to 16 and every CUDA-graph size vLLM pads a decode batch to, up to 512."""
+    from click.testing import CliRunner
+    from moe_kernels.measure import VLLM_GRID
+    from moe_patch.cli import main
+
+    asked = []
+
+    def record(tree, shape, quant, Ms, out, **kwargs):
+        asked.append(list(Ms))
+        raise KeyboardInterrupt  # stop before any kernel runs
+
+    monkeypatch.setattr(model_tune, "tune_model", record)
+    (tmp_path / "config.json").write_text(json.dumps(TINY_MODEL))
+    args = ["--model", str(tmp_path), "--tree", str(tree), "--out", str(tmp_path / "o")]
+    CliRunner().invoke(main, ["tune", *args])
+    assert asked == [list(VLLM_GRID)]
+    assert {72, 80, 104, 200, 272, 496, 512} <= set(VLLM_GRID) and len(VLLM_GRID) == 62

@@ -12,13 +12,11 @@ from ..model_config import moe_shape
 from ..ui import progress
 
 KERNELS_MISSING = "moe-patch tune needs torch and triton: pip install 'moe-patch[kernels]'"
-# vLLM's grid: every M up to 16, then the CUDA-graph capture sizes it pads decode batches to.
-DEFAULT_M = (*range(1, 17), 24, 32, 40, 48, 56, 64, 96, 128, 256, 512)
 
 
-def _token_counts(ctx, param, value: str | None) -> list[int]:
+def _token_counts(ctx, param, value: str | None) -> list[int] | None:
     if value is None:
-        return list(DEFAULT_M)
+        return None  # vLLM's grid, moe_kernels.measure.VLLM_GRID
     try:
         counts = sorted({int(m) for m in value.split(",") if m.strip()})
     except ValueError:
@@ -63,8 +61,8 @@ def _token_counts(ctx, param, value: str | None) -> list[int]:
     "token_counts",
     metavar="M,M,...",
     callback=_token_counts,
-    help="Token counts to tune [default: vLLM's grid: every M in 1..16 and the CUDA-graph "
-    "capture sizes 24, 32, 40, 48, 56, 64, 96, 128, 256, 512].",
+    help="Token counts to tune [default: vLLM's grid: every M in 1..16 and every CUDA-graph "
+    "capture size vLLM pads a decode batch to, up to 512: multiples of 8 to 256, of 16 beyond].",
 )
 @click.option(
     "--routings",
@@ -104,6 +102,7 @@ def command(model, tp, tree, quant, token_counts, routings, seed, out):
         )
     if not (tree / FUSED_MOE_REL).is_file():
         raise UsageError(f"{tree} is not a vLLM source tree: it has no {FUSED_MOE_REL}")
+    token_counts = token_counts or list(measure.VLLM_GRID)
     kernel_shape = measure.Shape(
         shape.name, shape.experts, shape.topk, shape.hidden, shape.intermediate
     )
