@@ -60,16 +60,12 @@ def release_trees(tmp_path_factory):
     def build(label: str) -> Path:
         if label not in built:
             try:
-                from moe_patch import series, sources
-                from moe_patch.applier import apply_series
+                import moe_patch  # noqa: F401
             except ImportError:
                 pytest.skip("moe_patch is not installed: set MOE_KERNELS_TREES to tree paths")
-            version, _, patched = label.partition("+")
-            work = sources.from_cache(version, tmp_path_factory.mktemp("trees") / label, None)
-            if patched:
-                report = apply_series(work.path, work.base, version, series.for_version(version))
-                assert report.ok, report.to_json()
-            built[label] = work.path
+            from moe_kernels.trees import build_tree
+
+            built[label] = build_tree(label, tmp_path_factory.mktemp("trees") / label)
         return built[label]
 
     return build

@@ -1,0 +1,49 @@
+"""moe_kernels.trees: the trees a GPU run carries, made through moe-patch's own download path
+(cached) and applier: each the release's fused-MoE folder and vllm/_version.py, described
+in trees.json."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from moe_kernels import load_fused_moe_kernel
+from moe_kernels.dispatch import config_for
+from moe_kernels.loader import FUSED_MOE_REL
+from moe_kernels.trees import harness_trees, main, split_label
+
+pytestmark = [pytest.mark.network, pytest.mark.release]
+
+
+def test_each_label_gets_its_fused_moe_folder_and_version_and_nothing_else(tmp_path):
+    described = harness_trees(["0.21.0", "0.21.0+moe"], tmp_path / "trees")
+    released, patched = tmp_path / "trees" / "0.21.0", tmp_path / "trees" / "0.21.0+moe"
+    for tree in (released, patched):
+        files = {p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file()}
+        assert "vllm/_version.py" in files and FUSED_MOE_REL.as_posix() in files
+        assert all(f == "vllm/_version.py" or f.startswith("vllm/model_executor/layers/fused_moe/")
+                   for f in files)  # fmt: skip
+        load_fused_moe_kernel(tree)  # the harness reads it as it reads a whole tree
+    on_disk = json.loads((tmp_path / "trees" / "trees.json").read_text())
+    assert on_disk == described
+    for label, tree in (("0.21.0", released), ("0.21.0+moe", patched)):
+        digest = hashlib.sha256((tree / FUSED_MOE_REL).read_bytes()).hexdigest()
+        assert on_disk[label]["fused_moe.py sha256"] == digest
+    assert on_disk["0.21.0"]["tree"] == "vLLM 0.21.0 as released"
+    assert on_disk["0.21.0+moe"]["tree"].startswith("vLLM 0.21.0 with the series at commit ")
+    assert on_disk["0.21.0"]["fused_moe.py sha256"] != on_disk["0.21.0+moe"]["fused_moe.py sha256"]
+    # The patched tree carries the series' H200 tables, the release does not
+    args = (72, 128, 768, 2048, 8)
+    assert config_for(patched, *args, gpu_name="NVIDIA H200")[1].startswith("tuned:")
+    assert config_for(released, *args, gpu_name="NVIDIA H200")[1] == "default"
+
+
+def test_a_label_is_a_release_or_a_release_with_the_series(capsys):
+    assert split_label("0.33.0") == ("0.33.0", False)
+    assert split_label("0.33.0+moe") == ("0.33.0", True)
+    with pytest.raises(ValueError, match="X.Y.Z or X.Y.Z\\+moe"):
+        split_label("0.33.0+mine")
+    with pytest.raises(SystemExit) as exc:
+        main(["0.33.0+mine", "--out", "unused"])
+    assert exc.value.code == 2 and "X.Y.Z or X.Y.Z+moe" in capsys.readouterr().err
