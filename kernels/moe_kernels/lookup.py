@@ -3,7 +3,7 @@ the tree's own choice outside the token counts a search covered.
 
 ``try_get_optimal_moe_config`` launches the entry whose token count is nearest to the
 batch's M, the smaller of two as near (``min`` over the keys in the file's order, which
-is ascending in every file vLLM and this project write).  So an entry tuned for M = 64
+is ascending in the files this project writes and in vLLM's H200 files it changes).  So an entry tuned for M = 64
 also serves M = 65 ... 79, where nothing was measured, and a table that holds the
 tree's default only at a few larger sizes (96, 128, 256, ...) launches, at 72 or 104
 tokens, a config that the default would not have chosen there.
@@ -21,8 +21,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
-# Token counts up to which the filled table is exact.  vLLM 0.20-0.34's defaults last
-# change at 129 tokens per expert (GROUP_SIZE_M): 33,024 tokens with 256 experts.
+# Token counts up to which the filled table is exact.  vLLM 0.21.0's and 0.33.0's defaults
+# last change at 129 tokens per expert (GROUP_SIZE_M): 33,024 tokens with 256 experts.
 LOOKUP_LIMIT = 65536
 
 
@@ -71,13 +71,14 @@ def own_beyond_the_search(
         if keys[M] != own(M):
             raise ValueError(f"the table's entry at M={M} is not the tree's own choice there")
 
+    inside = sorted(k for k in keys if lowest <= k <= highest)
+
     def wanted(M: int) -> dict:
         return own(M) if M < lowest or M > highest else table[str(nearest_key(inside, M))]
 
     def exact(ordered: list[int], first: int, last: int) -> bool:
         return all(keys[nearest_key(ordered, M)] == wanted(M) for M in range(first, last + 1))
 
-    inside = sorted(k for k in keys if lowest <= k <= highest)
     ordered = sorted(keys)
     # Both ends of each range over which own is one config: every M of the range is then
     # nearer to one of them than to any other entry.  First only for the ranges the
