@@ -19,7 +19,6 @@ import argparse
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -54,19 +53,17 @@ def build_tree(label: str, into: Path) -> Path:
 def _series_commit() -> str:
     """The commit of the checkout whose series moe-patch applies (``+`` if its patches have
     uncommitted changes); "unknown" outside a git checkout."""
+    import git
+    from moe_patch import gitutil
     from moe_patch.settings import default_series_root
 
     root = default_series_root()
+    if not root.is_dir():
+        return "unknown"
     try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--", "."],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
+        head = gitutil.run(root, "rev-parse", "--short", "HEAD")
+        dirty = gitutil.run(root, "status", "--porcelain", "--", ".")
+    except (OSError, git.GitCommandError):
         return "unknown"
     return head + ("+" if dirty else "")
 
