@@ -10,7 +10,8 @@ the series of this checkout.  The harness reads only a tree's fused-MoE folder a
 writes ``.gpu/trees/<label>/`` for each label and ``.gpu/trees/trees.json``: per label what
 it is, the series commit it was made from, and the sha256 of its ``fused_moe.py``, the file
 a result's ``--tree LABEL=.gpu/trees/LABEL`` then names.  Needs moe-patch installed
-(``pip install -e .``); the GPU machine needs only the folders.
+(``pip install -e .``); the GPU machine needs only the folders (``.gpu/`` is ignored by git,
+so a device call carries it by name).
 """
 
 from __future__ import annotations
