@@ -163,6 +163,14 @@ def kind_pairs(report: dict) -> dict[str, tuple[dict, list[tuple[dict, dict]], b
     return out
 
 
+def pair_results(pairs: list[tuple[dict, dict]]) -> tuple[list[dict], list[dict]]:
+    """The results of the official and of the patched engines of ``pairs``, each once."""
+    return (
+        [o["result"] for o in _unique(o for o, _ in pairs)],
+        [p["result"] for p in _unique(p for _, p in pairs)],
+    )
+
+
 # The public write-ups' claim for these changes on H200: decode throughput at batch <= 16 and
 # time to first token under changing batch sizes.
 TARGET_DECODE_GAIN, TARGET_DECODE_BATCH, TARGET_TTFT_CUT = 0.10, 16, 0.09
@@ -217,8 +225,7 @@ def target_table(kinds: dict, batches: list[str]) -> list[str]:
         return "–" if value is None else f"{value:+.1%} {'✓' if value >= target else '✗'}"
 
     for kind, (_, pairs, across) in kinds.items():
-        official = [o["result"] for o in _unique(o for o, _ in pairs)]
-        patched = [p["result"] for p in _unique(p for _, p in pairs)]
+        official, patched = pair_results(pairs)
 
         backends = dict.fromkeys(
             f"{o.get('moe_backend')} → {p.get('moe_backend')}" for o, p in pairs
@@ -349,8 +356,7 @@ def markdown(report: dict) -> str:
     for kind, (wheels, pairs, across) in kinds.items():
         mark = " ‡" if across else ""
         across_machines |= across
-        o = [r["result"] for r in _unique(o for o, _ in pairs)]
-        p = [r["result"] for r in _unique(p for _, p in pairs)]
+        o, p = pair_results(pairs)
         used = f"{len(o)} + {len(p)}"
         total = f"{len(wheels['official'])} + {len(wheels['patched'])}"
         cells = [kind, used + (f" (of {total})" if used != total else "") + mark]
