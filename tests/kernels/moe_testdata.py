@@ -28,10 +28,15 @@ LAYER_TOL = 1.5e-2
 # Loose sanity bounds, against plain float64 math on the unquantised data, so they
 # include FP8 quantisation error: e4m3 keeps 4 significant bits, ~2.6% rms relative
 # error per quantised operand.  A GEMM has two (A, B): measured median 3.7e-2, worst
-# 5.3e-2 in 300 draws.  The layer has four, and SiLU amplifies relative error of
-# strongly negative gate values: median 6.4e-2, worst 1.4e-1 in 300 draws.
+# 6.9e-2 in 40000 draws (one token, per-tensor).  The layer has four, and SiLU turns a
+# gate value g's relative error into |g| times that where g is strongly negative: when
+# a token's chosen experts' gates mostly are, its output is small and made of those
+# values.  One token, 40000 draws: median 6.4e-2, 99.99th percentile 0.27-0.30, worst
+# 0.43 (per-tensor and block alike): the earlier 0.25 would fail about one CI run in
+# 170 (some 30 one-token layer cases a run).
+# A missing SiLU or routed weight, or a wrong expert, gives errors of 1 and more.
 GEMM_FLOAT_TOL = 1e-1
-LAYER_FLOAT_TOL = 2.5e-1
+LAYER_FLOAT_TOL = 6e-1
 
 
 def _lognormal(shape, gen, device, sigma=0.5) -> torch.Tensor:

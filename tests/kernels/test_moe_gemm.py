@@ -208,13 +208,28 @@ BUGS = {
 }
 
 
+def spread_activation_scales(a: torch.Tensor, group: int = 128) -> torch.Tensor:
+    """``a`` with every (token, 128-wide K group) block rescaled to the amax
+    ``2 ** (token % 3) * 4 ** group_index``: tokens and K groups then need scales that
+    differ by 2x or more whatever the draw, so a bug that shares one token's or one
+    group's scale cannot stay under the bound by chance (random magnitudes alone once
+    gave the shared group scale an error of only 3.5e-2)."""
+    M, K = a.shape
+    blocks = a.float().reshape(M, -1, group)  # K is a multiple of the group in these tests
+    amax = blocks.abs().amax(dim=2, keepdim=True)
+    token = torch.arange(M, device=a.device).remainder(3).view(M, 1, 1)
+    group_index = torch.arange(blocks.shape[1], device=a.device).view(1, -1, 1)
+    target = 2.0**token * 4.0**group_index
+    return (blocks / amax * target).reshape(M, K).to(a.dtype)
+
+
 @pytest.mark.parametrize("bug", list(BUGS))
 def test_bounds_catch_planted_bugs(kernel, bug, gen, device):
     mode, wrong = BUGS[bug]
     M, topk = 7, 2
     block_shape = (128, 128) if mode == "block" else None
     w = make_weights(E, N, K, gen, device)
-    a = make_activations(M, K, gen, device)
+    a = spread_activation_scales(make_activations(M, K, gen, device))
     ids, tw = make_routing(M, topk, E, gen, device)
     bq, bs = quantize_weights(w, mode, block_shape)
     run = fused_moe_gemm(
