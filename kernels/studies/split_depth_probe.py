@@ -17,6 +17,7 @@ A one-off study, not part of the installed package; on a GPU, from the repositor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import sys
@@ -95,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         label, _, path = spec.partition("=")
         variants.append(Variant(label, Path(path), load_fused_moe_kernel(Path(path))))
     base, tree = variants
-    tree.kernel.__dict__["split_k_rule"] = named_split_rule  # a cached property: overridden
+    # The loader shares one LoadedKernel per tree: override the rule on a copy of it only.
+    probed = dataclasses.replace(tree.kernel)
+    probed.__dict__["split_k_rule"] = named_split_rule  # a cached property: preset
+    tree = Variant(tree.label, tree.tree, probed)
     bandwidth = measure_bandwidth()
     rows = []
     cases = [tuple(c.split(":")) for c in args.case] if args.case else PROBE_SHAPES

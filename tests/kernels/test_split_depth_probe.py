@@ -27,3 +27,18 @@ def test_every_named_split_launches_and_is_correct(release_trees, tmp_path):
     for row in rows:
         assert row["correct"] and max(row["rel_error"]) < measure.FP8_ERROR_BOUND
         assert row["floor_us"] > 0
+
+
+def test_the_probe_leaves_the_trees_own_split_rule_alone(release_trees, tmp_path):
+    """The loader shares one kernel object per tree with every later user in the process."""
+    from moe_kernels.loader import load_fused_moe_kernel
+
+    tree = release_trees("0.33.0+moe")
+    shared = load_fused_moe_kernel(tree)
+    rule = shared.split_k_rule
+    split_depth_probe.main(
+        [f"--base=0.33.0={release_trees('0.33.0')}", f"--tree=0.33.0+moe={tree}",
+         "--case", "tiny-smoke-test:tensor", "--out", str(tmp_path / "probe.json")]
+    )  # fmt: skip
+    assert load_fused_moe_kernel(tree).split_k_rule is rule
+    assert rule is not split_depth_probe.named_split_rule
