@@ -78,6 +78,16 @@ def probe(
     return rows
 
 
+def probe_case(text: str) -> tuple[str, str]:
+    """``SHAPE:QUANT`` of ``--case``, checked."""
+    shape, _, quant = text.partition(":")
+    if shape not in SHAPES or quant not in ("tensor", "block"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give SHAPE:QUANT, SHAPE one of {', '.join(SHAPES)}, QUANT tensor or block"
+        )
+    return shape, quant
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, metavar="LABEL=PATH")
@@ -85,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--case",
         action="append",
+        type=probe_case,
         metavar="SHAPE:QUANT",
         help="default: " + ", ".join(f"{shape}:{quant}" for shape, quant in PROBE_SHAPES),
     )
@@ -102,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     tree = Variant(tree.label, tree.tree, probed)
     bandwidth = measure_bandwidth()
     rows = []
-    cases = [tuple(c.split(":")) for c in args.case] if args.case else PROBE_SHAPES
-    for shape_name, quant in cases:
+    for shape_name, quant in args.case or PROBE_SHAPES:
         for row in probe(base, tree, shape_name, quant, args.seed, bandwidth):
             rows.append(row)
             print(

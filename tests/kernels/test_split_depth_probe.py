@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from moe_kernels import measure
 from studies import split_depth_probe
 
@@ -42,3 +43,11 @@ def test_the_probe_leaves_the_trees_own_split_rule_alone(release_trees, tmp_path
     )  # fmt: skip
     assert load_fused_moe_kernel(tree).split_k_rule is rule
     assert rule is not split_depth_probe.named_split_rule
+
+
+@pytest.mark.parametrize("case", ["llama-4-scout-tp2", "no-such-model:block", "qwen3-30b-a3b:fp4"])
+def test_a_case_it_cannot_probe_is_refused_in_one_line(case, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        split_depth_probe.main(["--base=a=.", "--tree=b=.", "--case", case, "--out", "x.json"])
+    assert stopped.value.code == 2
+    assert "give SHAPE:QUANT" in capsys.readouterr().err
