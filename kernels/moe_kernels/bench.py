@@ -74,6 +74,7 @@ from .measure import (
 from .quant import quantize_activations
 from .reference import ref_moe_layer_quantized
 from .stats import rel_frobenius_error
+from .trees import fingerprint, fingerprint_changes
 
 DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -250,18 +251,26 @@ def main(argv: list[str] | None = None) -> int:
         token_counts(args.M)
     except ValueError:
         parser.error(f"--M takes comma-separated token counts or vllm-grid, not {args.M!r}")
+    trees = {label: Path(path) for label, _, path in (t.partition("=") for t in args.tree)}
+    try:
+        args.fingerprints = {label: fingerprint(path) for label, path in trees.items()}
+    except FileNotFoundError as error:
+        parser.error(f"--tree: {error}")
     done_rows: list[dict] = []
     if args.resume and args.out.exists():
         try:
             earlier = json.loads(args.out.read_text())
         except ValueError as error:
             parser.error(f"cannot resume from {args.out}: {error}")
-        trees = {label: str(Path(path)) for label, _, path in (t.partition("=") for t in args.tree)}
         seed = earlier.get("method", {}).get("seed")
-        if earlier.get("variants") != trees or args.seed not in (None, seed):
+        paths = {label: str(path) for label, path in trees.items()}
+        if earlier.get("variants") != paths or args.seed not in (None, seed):
             parser.error(f"cannot resume {args.out}: other trees or seed; give another --out")
         if earlier.get("method", {}).get("graph_us") != args.graph_us:
             parser.error(f"cannot resume {args.out}: another --graph-us; give another --out")
+        changed = fingerprint_changes(earlier.get("fingerprints"), args.fingerprints)
+        if changed:
+            parser.error(f"cannot resume {args.out}: {changed}; give another --out")
         args.seed, done_rows = seed, earlier.get("rows", [])
     args.seed = spread.run_seed(args, gpus)
     if gpus:
@@ -384,6 +393,7 @@ def _write(args, argv, variants, bandwidth, rows) -> None:
         },
         "bandwidth": bandwidth,
         "variants": {v.label: str(v.tree) for v in variants},
+        "fingerprints": args.fingerprints,
         "rows": rows,
     }
     write_report(args.out, report)

@@ -17,8 +17,9 @@ After each M, two files in the output folder are replaced atomically:
   every M (:mod:`moe_kernels.lookup`), so that the file changes nothing where
   nothing was measured;
 * :data:`STATE_NAME`, the report: per M the chosen config, its time and the
-  dispatch's, the speed-up and the routings.  A run with the same inputs
-  skips the M values it already holds.
+  dispatch's, the speed-up and the routings.  A run with the same inputs (the
+  tree's :func:`moe_kernels.trees.fingerprint` among them) skips the M values it
+  already holds; one with other inputs times every M again.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from .measure import (
     series_version,
     write_atomically,
 )
+from .trees import fingerprint
 from .tune import GEMMS, candidates, draw_routings, joint_times
 
 STATE_NAME = "moe-patch-tune.json"
@@ -78,16 +80,22 @@ def dispatch_config(tree: Path, shape: Shape, quant: str, M: int) -> dict:
     return config
 
 
-def earlier_results(out: Path, inputs: dict) -> dict:
-    """The per-M results of an earlier run with the same ``inputs`` (M as a string key)."""
+def earlier_results(out: Path, inputs: dict) -> tuple[dict, list[str]]:
+    """The per-M results of an earlier run in ``out`` with the same ``inputs`` (M as a
+    string key), and the inputs that differ where an earlier run had others (its results
+    are then not kept)."""
     path = out / STATE_NAME
     if not path.is_file():
-        return {}
+        return {}, []
     try:
         state = json.loads(path.read_text())
     except json.JSONDecodeError:
-        return {}
-    return state.get("results", {}) if state.get("inputs") == inputs else {}
+        return {}, ["the earlier report (unreadable)"]
+    before = state.get("inputs") or {}
+    differ = sorted(
+        key for key in inputs.keys() | before.keys() if before.get(key) != inputs.get(key)
+    )
+    return ({}, differ) if differ else (state.get("results", {}), [])
 
 
 def tune_one_m(variant, shape, quant, M, weights, routings, seed, candidates_for) -> dict:
@@ -149,15 +157,19 @@ def tune_model(
     seed: int = 0,
     candidates_for: Callable[[str, int, Shape], list[dict]] = candidates,
     on_result: Callable[[dict], None] | None = None,
+    on_discard: Callable[[list[str]], None] | None = None,
 ) -> dict:
     """Tune ``shape`` at every M of ``Ms`` on ``tree``'s kernel; write the config file and
     the report into ``out`` after each M and return the report.  ``on_result`` is called
-    with each M's row, tuned now or kept from an earlier run."""
+    with each M's row, tuned now or kept from an earlier run; ``on_discard`` with the
+    inputs that differ when ``out`` holds an earlier run with other inputs (a tree whose
+    fused-MoE folder changed, another seed ...), whose results are then timed again."""
     Ms = sorted(set(Ms))
     out.mkdir(parents=True, exist_ok=True)
     name = config_file_name(tree, shape, quant)
     inputs = {
         "tree": str(Path(tree).resolve()),
+        "tree_fingerprint": fingerprint(Path(tree)),
         "shape": dataclasses.asdict(shape),
         "quant": quant,
         "routings": routings,
@@ -165,7 +177,9 @@ def tune_model(
         "device": device_name(),
         "series_version": series_version(),
     }
-    rows = earlier_results(out, inputs)
+    rows, differ = earlier_results(out, inputs)
+    if differ and on_discard is not None:
+        on_discard(differ)
     report = {
         "inputs": inputs,
         "environment": environment(),

@@ -8,8 +8,11 @@ the series of this checkout.  The harness reads only a tree's fused-MoE folder a
     python -m moe_kernels.trees 0.21.0 0.21.0+moe 0.33.0 0.33.0+moe --out .gpu/trees
 
 writes ``.gpu/trees/<label>/`` for each label and ``.gpu/trees/trees.json``: per label what
-it is, the series commit it was made from, and the sha256 of its ``fused_moe.py``, the file
-a result's ``--tree LABEL=.gpu/trees/LABEL`` then names.  Needs moe-patch installed
+it is, the series commit it was made from, the sha256 of its ``fused_moe.py`` and the tree's
+:func:`fingerprint`, the file a result's ``--tree LABEL=.gpu/trees/LABEL`` then names.  Result
+files record each tree's fingerprint too, and ``--resume`` refuses a tree whose fingerprint
+changed: a run spread over several device sessions measures one series, not whichever was
+checked out when each session began.  Needs moe-patch installed
 (``pip install -e .``); the GPU machine needs only the folders (``.gpu/`` is ignored by git,
 so a device call carries it by name).
 """
@@ -27,6 +30,34 @@ from pathlib import Path
 from .loader import FUSED_MOE_REL
 
 VERSION_REL = Path("vllm", "_version.py")
+
+
+def harness_files(tree: Path) -> list[Path]:
+    """What the harness reads of a vLLM tree, relative to it, in a stable order: every file
+    of the fused-MoE folder (the kernel, the launcher rules and dispatch lifted from it, the
+    config tables) and ``vllm/_version.py`` where the tree has one."""
+    folder = tree / FUSED_MOE_REL.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{tree} is not a vLLM tree: it has no {FUSED_MOE_REL.parent}")
+    files = [
+        path.relative_to(tree)
+        for path in folder.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    ]
+    if (tree / VERSION_REL).is_file():
+        files.append(VERSION_REL)
+    return sorted(files, key=lambda rel: rel.as_posix())
+
+
+def fingerprint(tree: Path) -> str:
+    """sha256 over :func:`harness_files` (each one's path and bytes): two trees with one
+    fingerprint launch the same kernel with the same configs, wherever they lie."""
+    digest = hashlib.sha256()
+    for rel in harness_files(Path(tree)):
+        data = (Path(tree) / rel).read_bytes()
+        digest.update(f"{rel.as_posix()}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
 
 
 def split_label(label: str) -> tuple[str, bool]:
@@ -69,6 +100,31 @@ def _series_commit() -> str:
     return head + ("+" if dirty else "")
 
 
+def copy_harness_files(tree: Path, target: Path) -> None:
+    """``target`` made anew holding :func:`harness_files` of ``tree``: a tree the harness
+    reads as it reads ``tree``, with the same fingerprint."""
+    files = harness_files(Path(tree))
+    if target.exists():
+        shutil.rmtree(target)
+    for rel in files:
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(Path(tree) / rel, target / rel)
+
+
+def fingerprint_changes(recorded: dict[str, str] | None, current: dict[str, str]) -> str | None:
+    """Why a result file's trees (``recorded``: label -> fingerprint) are not ``current``,
+    in words; None when they are the same trees."""
+    if recorded is None:
+        return "it records no tree fingerprints (written before the harness kept them)"
+    changed = [label for label in current if recorded.get(label) != current[label]]
+    if not changed:
+        return None
+    return (
+        f"{', '.join(changed)} changed since it was written (the fused-MoE folder's "
+        "fingerprint differs: another series or release)"
+    )
+
+
 def harness_trees(labels: list[str], out: Path) -> dict[str, dict]:
     """``out/<label>/`` holding each tree's fused-MoE folder and ``vllm/_version.py``, and
     ``out/trees.json`` describing them; returns that description."""
@@ -78,25 +134,15 @@ def harness_trees(labels: list[str], out: Path) -> dict[str, dict]:
     with tempfile.TemporaryDirectory(prefix="moe-trees-") as scratch:
         for label in labels:
             version, patched = split_label(label)
-            whole = build_tree(label, Path(scratch) / label)
             target = out / label
-            if target.exists():
-                shutil.rmtree(target)
-            for rel in (FUSED_MOE_REL.parent, VERSION_REL):
-                source = whole / rel
-                if source.is_dir():
-                    shutil.copytree(
-                        source, target / rel, ignore=shutil.ignore_patterns("__pycache__")
-                    )
-                else:
-                    (target / rel).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(source, target / rel)
+            copy_harness_files(build_tree(label, Path(scratch) / label), target)
             kernel = (target / FUSED_MOE_REL).read_bytes()
             described[label] = {
                 "tree": f"vLLM {version} with the series at commit {commit}"
                 if patched
                 else f"vLLM {version} as released",
                 "fused_moe.py sha256": hashlib.sha256(kernel).hexdigest(),
+                "fingerprint": fingerprint(target),
             }
     (out / "trees.json").write_text(json.dumps(described, indent=1) + "\n")
     return described

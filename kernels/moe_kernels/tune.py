@@ -79,6 +79,7 @@ from .measure import (
     time_variants,
     write_report,
 )
+from .trees import fingerprint, fingerprint_changes
 
 DECODE_M = (1, 2, 4, 8, 16, 32, 64)
 GEMMS = ("up", "down")
@@ -355,6 +356,13 @@ def main(argv: list[str] | None = None) -> int:
     gpus = spread.gpu_ids(parser, args)
     # What a resumed file must share with this run for its cells to count.
     same = {"tree": args.tree, "peers": args.peer, "routings": args.routings}
+    try:
+        args.fingerprints = {
+            label: fingerprint(Path(path))
+            for label, _, path in (spec.partition("=") for spec in [args.tree, *args.peer])
+        }
+    except FileNotFoundError as error:
+        parser.error(f"--tree/--peer: {error}")
     results = []
     if args.resume and args.out.exists():
         try:
@@ -367,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
             method.get("seed"),
         ):
             parser.error(f"cannot resume {args.out}: another tree, peers, seed or routings")
+        changed = fingerprint_changes(method.get("fingerprints"), args.fingerprints)
+        if changed:
+            parser.error(f"cannot resume {args.out}: {changed}; give another --out")
         args.seed, results = method["seed"], earlier_run.get("results", [])
     args.seed = spread.run_seed(args, gpus)
     if gpus:
@@ -491,6 +502,7 @@ def _write(args, argv, bandwidth, results) -> None:
                 "seed": args.seed,
                 "tree": args.tree,
                 "peers": args.peer,
+                "fingerprints": args.fingerprints,
                 "routings": args.routings,
             },
             "bandwidth": bandwidth,

@@ -11,7 +11,7 @@ import pytest
 from moe_kernels import load_fused_moe_kernel
 from moe_kernels.dispatch import config_for
 from moe_kernels.loader import FUSED_MOE_REL
-from moe_kernels.trees import harness_trees, main, split_label
+from moe_kernels.trees import build_tree, fingerprint, harness_trees, main, split_label
 
 pytestmark = [pytest.mark.network, pytest.mark.release]
 
@@ -30,9 +30,12 @@ def test_each_label_gets_its_fused_moe_folder_and_version_and_nothing_else(tmp_p
     for label, tree in (("0.21.0", released), ("0.21.0+moe", patched)):
         digest = hashlib.sha256((tree / FUSED_MOE_REL).read_bytes()).hexdigest()
         assert on_disk[label]["fused_moe.py sha256"] == digest
+        assert on_disk[label]["fingerprint"] == fingerprint(tree)
     assert on_disk["0.21.0"]["tree"] == "vLLM 0.21.0 as released"
     assert on_disk["0.21.0+moe"]["tree"].startswith("vLLM 0.21.0 with the series at commit ")
     assert on_disk["0.21.0"]["fused_moe.py sha256"] != on_disk["0.21.0+moe"]["fused_moe.py sha256"]
+    # The whole tree and its carried part are one tree to a result file
+    assert fingerprint(build_tree("0.21.0", tmp_path / "whole")) == on_disk["0.21.0"]["fingerprint"]
     # The patched tree carries the series' H200 tables, the release does not
     args = (72, 128, 768, 2048, 8)
     assert config_for(patched, *args, gpu_name="NVIDIA H200")[1].startswith("tuned:")

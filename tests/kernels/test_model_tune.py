@@ -138,6 +138,12 @@ def test_the_command_prints_the_gain_per_m_and_the_folder_for_vllm(tree, tmp_pat
     assert [line.split()[0] for line in lines[1:3]] == ["1", "2"]
     assert lines[3] == f"wrote {out / tiny_file_name()}"
     assert lines[4] == f"export VLLM_TUNED_CONFIG_FOLDER={out}"
+    # Run again with another seed: the earlier results are not passed off as this run's.
+    result = CliRunner().invoke(main, ["tune", *args, "--M", "1", "--seed", "5", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == (
+        f"{out}: the earlier run there had another --seed; tuning every M again"
+    )
 
 
 def test_without_m_the_command_tunes_vllms_whole_capture_grid(tree, tmp_path, monkeypatch):

@@ -13,6 +13,26 @@ from ..ui import progress
 
 KERNELS_MISSING = "moe-patch tune needs torch and triton: pip install 'moe-patch[kernels]'"
 
+# The report's inputs, as a user would name what changed since an earlier run.
+INPUT_WORDS = {
+    "tree": "tree path",
+    "tree_fingerprint": "tree content (its fused-MoE folder changed)",
+    "shape": "model shape or --tp",
+    "quant": "--quant",
+    "routings": "--routings",
+    "seed": "--seed",
+    "device": "GPU",
+    "series_version": "moe-patch version",
+}
+
+
+def _say_discarded(out: Path):
+    def say(differ: list[str]) -> None:
+        what = ", ".join(INPUT_WORDS.get(key, key) for key in differ)
+        click.echo(f"{out}: the earlier run there had another {what}; tuning every M again")
+
+    return say
+
 
 def _token_counts(ctx, param, value: str | None) -> list[int] | None:
     if value is None:
@@ -117,6 +137,7 @@ def command(model, tp, tree, quant, token_counts, routings, seed, out):
                 routings=routings,
                 seed=seed,
                 on_result=lambda row: advance(1),
+                on_discard=_say_discarded(out),
             )
         except KernelLoadError as exc:
             raise UsageError(f"cannot load fused_moe_kernel from {tree}: {exc}") from None
