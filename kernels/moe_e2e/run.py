@@ -753,8 +753,11 @@ def run_model(
     clock: Deadlines = Deadlines(),
 ) -> str:
     """Run the variants ``report`` does not hold yet while ``clock`` allows another start;
-    rewrite its JSON after every group and its Markdown at the end.  "done" when every
-    variant has a result, "left" when time left some for ``--resume``, else "failed"."""
+    rewrite its JSON after every group and its Markdown at the end (a resumed file none of
+    whose engines ran in this call is left as it was: this call's session is not its).
+    "done" when every variant has a result, "left" when time left some for ``--resume``,
+    else "failed"."""
+    untouched = "sessions" in report  # resumed, and nothing run into it yet
     done = {v["name"] for v in report["variants"]}
     todo = [v for v in todo if v["name"] not in done]
     logs = out.parent / f"{out.name}-logs"
@@ -784,6 +787,7 @@ def run_model(
                     f"{record['name']}: stopped at --finish-before, left for --resume", flush=True
                 )
         report["variants"].extend(records)
+        untouched = untouched and not records
         result_path(out).write_text(json.dumps(report, indent=2) + "\n")
         for record in records:
             status = "ok" if "result" in record else f"FAILED ({record['returncode']})"
@@ -795,8 +799,11 @@ def run_model(
             )
     from .report import markdown
 
-    result_path(out).write_text(json.dumps(report, indent=2) + "\n")
-    result_path(out, ".md").write_text(markdown(report))
+    if untouched:
+        print(f"{result_path(out)}: none of its engines ran in this call; left as it was")
+    else:
+        result_path(out).write_text(json.dumps(report, indent=2) + "\n")
+        result_path(out, ".md").write_text(markdown(report))
     if not all("result" in r for r in report["variants"]):
         return "failed"
     if left:

@@ -554,6 +554,13 @@ def test_resume_runs_only_what_is_missing_or_failed(monkeypatch, staged_dir, tmp
     assert len(report["sessions"]) == 2
     assert "measured by 2 runs of the command" in (tmp_path / "res.md").read_text()
 
+    # A call that runs none of the file's engines leaves it as it was: no third session.
+    before = {p.name: p.read_bytes() for p in (tmp_path / "res.json", tmp_path / "res.md")}
+    started = fake_engines(monkeypatch)
+    assert run.main([*args, "--resume"]) == 0
+    assert started == []
+    assert {p.name: p.read_bytes() for p in (tmp_path / "res.json", tmp_path / "res.md")} == before
+
     # Other wheels or another measurement: refused, the file left as it was.
     before = (tmp_path / "res.json").read_text()
     with pytest.raises(SystemExit):
