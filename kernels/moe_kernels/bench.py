@@ -63,9 +63,11 @@ from .measure import (
     floor_bytes,
     gemm_dims,
     interleaved_times_us,
+    launches_for,
     make_case,
     make_weights,
     measure_bandwidth,
+    one_call_us,
     record_header,
     routing,
     time_variants,
@@ -116,11 +118,12 @@ def run_case(
 LAYER_CALLS = 16  # layers per graph: each is ~10 launches
 
 
-def run_layer_case(variants, shape, quant, M, weights, gen, bandwidth) -> list[dict]:
+def run_layer_case(variants, shape, quant, M, weights, gen, bandwidth, graph_us=None) -> list[dict]:
     """The whole MoE layer (both GEMMs plus the harness's torch glue: activation
     quantisation, SiLU-and-mul, top-k sum) per variant, in a CUDA graph of
-    ``LAYER_CALLS`` layers rotating over the weight copies.  The glue is the same
-    code for every variant; the floor is both GEMMs' floors added."""
+    ``LAYER_CALLS`` layers rotating over the weight copies (with ``graph_us``, as few
+    whole rotations as last about that long, as the GEMMs' graphs).  The glue is the
+    same code for every variant; the floor is both GEMMs' floors added."""
     block = BLOCK_SHAPE if quant == "block" else None
     ids, topk_weights = routing(M, shape, gen)
     hidden = torch.randn(M, shape.hidden, generator=gen, device=DEVICE, dtype=OUT_DTYPE)
@@ -169,7 +172,10 @@ def run_layer_case(variants, shape, quant, M, weights, gen, bandwidth) -> list[d
             block_shape=block, gemm1_out=run.cache1,
         )  # fmt: skip
         error = float(rel_frobenius_error(run.out.double(), ref.double()))
-        calls = LAYER_CALLS if DEVICE == "cuda" else 1
+        if DEVICE != "cuda":
+            calls = 1
+        else:
+            calls = launches_for(one_call_us(lambda: layer(COPIES - 1)), graph_us, LAYER_CALLS)
 
         def all_copies(layer=layer, calls=calls):
             for i in range(calls):
@@ -194,7 +200,7 @@ def run_layer_case(variants, shape, quant, M, weights, gen, bandwidth) -> list[d
                 "shape": shape.name, "gemm": "layer", "quant": quant, "M": M,
                 "variant": variant.label, "config": config, "config_source": source,
                 "swap_ab": swap, "naive": run.naive, "us": us, "us_all": per_call[variant.label],
-                "experts_hit": int(hit.numel()), "rel_error": [error],
+                "experts_hit": int(hit.numel()), "rel_error": [error], "launches": calls,
                 "correct": bool(error < FP8_ERROR_BOUND), "floor_us": floor_us,
                 "fraction_of_floor": floor_us / us, "bytes": nbytes,
             }
@@ -232,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=None,
         metavar="US",
-        help="GEMM graphs of about US µs: as few whole rotations over the weight copies as "
-        f"that takes, at most {LAUNCHES} launches (default: {LAUNCHES} launches always; large "
-        "M then spends most of a run's device time)",
+        help="graphs of about US µs: as few whole rotations over the weight copies as that "
+        f"takes, at most {LAUNCHES} GEMM launches or {LAYER_CALLS} layers (default: that many "
+        "always; large M then spends most of a run's device time)",
     )
     parser.add_argument(
         "--resume",
@@ -313,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
                         return 3
                     gen = case_generator(args.seed, shape_name, gemm, quant, M, route)
                     if gemm == "layer":
-                        case = run_layer_case(variants, shape, quant, M, weights_q, gen, bandwidth)
+                        case = run_layer_case(
+                            variants, shape, quant, M, weights_q, gen, bandwidth, args.graph_us
+                        )
                     else:
                         case = run_case(
                             variants, shape, gemm, quant, M, weights_q, gen, bandwidth,

@@ -48,15 +48,25 @@ COPIES = 8
 LAUNCHES = 64
 
 
-def launches_for(call_us: float, graph_us: float | None) -> int:
-    """Launches in one timed graph: ``LAUNCHES``, or with ``graph_us`` the fewest whole
-    rotations over the ``COPIES`` weight copies that make the graph last about that long
-    (at most ``LAUNCHES``): at large M one call takes milliseconds, and 64 of them per replay
-    only spend device time on a figure that 8 already pin down."""
+def launches_for(call_us: float, graph_us: float | None, most: int = LAUNCHES) -> int:
+    """Calls in one timed graph: ``most``, or with ``graph_us`` the fewest whole rotations
+    over the ``COPIES`` weight copies that make the graph last about that long (at most
+    ``most``): at large M one call takes milliseconds, and 64 of them per replay only spend
+    device time on a figure that 8 already pin down."""
     if graph_us is None:
-        return LAUNCHES
+        return most
     rotations = -(-graph_us // (call_us * COPIES))  # ceiling
-    return int(min(max(rotations, 1), LAUNCHES // COPIES)) * COPIES
+    return int(min(max(rotations, 1), most // COPIES)) * COPIES
+
+
+def one_call_us(call: Callable[[], object]) -> float:
+    """One call's time on the GPU, from CUDA events (what ``launches_for`` sizes a graph by)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
 
 
 REPLAYS = 30
@@ -408,12 +418,7 @@ def checked_variant(
     elif graph_us is None:
         launches = LAUNCHES
     else:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        launch(COPIES - 1)
-        end.record()
-        end.synchronize()
-        launches = launches_for(start.elapsed_time(end) * 1e3, graph_us)
+        launches = launches_for(one_call_us(lambda: launch(COPIES - 1)), graph_us)
 
     def all_copies():
         for i in range(launches):

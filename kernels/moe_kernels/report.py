@@ -61,9 +61,16 @@ def _header(report: dict) -> list[str]:
             )
         if "layer_calls_per_graph" in m:
             lines.append(
-                f"- `layer` rows: the whole MoE layer (both GEMMs, the harness's torch glue for "
-                f"activation quantisation, SiLU-and-mul and the top-k sum, the same for every "
-                f"variant), {m['layer_calls_per_graph']} layers per graph; floor = both GEMMs' floors"
+                "- `layer` rows: the whole MoE layer (both GEMMs, the harness's torch glue for "
+                "activation quantisation, SiLU-and-mul and the top-k sum, the same for every "
+                "variant), "
+                + (
+                    f"as many layers per graph as last about {m['graph_us']:.0f} µs (whole "
+                    f"rotations, at most {m['layer_calls_per_graph']})"
+                    if m.get("graph_us")
+                    else f"{m['layer_calls_per_graph']} layers per graph"
+                )
+                + "; floor = both GEMMs' floors"
             )
     return lines
 

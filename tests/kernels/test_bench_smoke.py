@@ -89,6 +89,20 @@ def test_graph_length_sets_whole_rotations_of_launches():
     assert measure.launches_for(1500.0, 2000.0) == measure.COPIES  # never below one rotation
     for call_us in (3.0, 40.0, 333.0, 5000.0):
         assert measure.launches_for(call_us, 2000.0) % measure.COPIES == 0
+    # Layers: at most bench.LAYER_CALLS (two rotations) per graph, one rotation past 2000 µs
+    assert measure.launches_for(50.0, 2000.0, bench.LAYER_CALLS) == bench.LAYER_CALLS
+    assert measure.launches_for(400.0, 2000.0, bench.LAYER_CALLS) == measure.COPIES
+    assert measure.launches_for(400.0, None, bench.LAYER_CALLS) == bench.LAYER_CALLS
+
+
+def test_layer_graphs_follow_graph_us_too(release_trees, tmp_path):
+    out = tmp_path / "layer.json"
+    args = [f"--tree=0.21.0+moe={release_trees('0.21.0+moe')}", "--shape", "tiny-smoke-test"]
+    args += ["--gemm", "layer", "--quant", "tensor", "--M", "2", "--graph-us", "2000"]
+    assert bench.main([*args, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [row["launches"] for row in report["rows"]] == [1]  # the interpreter: one layer
+    assert "as many layers per graph as last about 2000 µs" in bench_markdown(report)
 
 
 def test_bench_records_the_graph_length_and_refuses_to_resume_with_another(release_trees, tmp_path):
