@@ -470,7 +470,9 @@ def _portable(arg: str) -> str:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one step: a reader sees the old file or the new."""
+    """Replace ``path`` with ``text`` in one step: a reader sees the old file or the new.
+    A missing folder is made (a run's first write comes after minutes of measuring)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:

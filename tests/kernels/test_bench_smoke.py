@@ -456,7 +456,7 @@ def test_bench_spreads_weight_sets_over_gpus_and_merges_them(release_trees, tmp_
 
 
 def test_stop_after_leaves_cases_for_resume(release_trees, tmp_path):
-    out = tmp_path / "cut.json"
+    out = tmp_path / "results" / "evidence" / "cut.json"  # a folder the run makes itself
     tree = release_trees("0.21.0")
     args = [f"--tree=0.21.0={tree}", "--shape", "tiny-smoke-test", "--gemm", "down"]
     args += ["--quant", "tensor", "--M", "3,5", "--out", str(out)]
