@@ -493,7 +493,8 @@ def _cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"moe_kernels-{os.getuid()}"
 
 
-def _read_version(tree_root: Path) -> str | None:
+def tree_version(tree_root: Path) -> str | None:
+    """The vLLM version a source tree says it is (`vllm/_version.py`, else `PKG-INFO`)."""
     vfile = tree_root / "vllm" / "_version.py"
     if vfile.is_file():
         m = re.search(
@@ -574,7 +575,7 @@ def load_fused_moe_kernel(
         tree=tree,
         source_path=src,
         module_path=module_path,
-        vllm_version=_read_version(tree),
+        vllm_version=tree_version(tree),
         kernel=kernel,
         helpers=helpers,
         signature=sig,

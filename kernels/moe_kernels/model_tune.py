@@ -6,7 +6,11 @@ config on the same routings, all taking turns replay by replay, each scored by
 both GEMMs' time summed over the routings (:func:`moe_kernels.tune.joint_times`).
 The fastest correct candidate is kept only where it beats the dispatch by more than
 :data:`moe_kernels.configs.MIN_GAIN` (the search's noise); elsewhere the
-dispatch's own config is kept, so no M gets a config slower than the tree's.
+dispatch's own config is kept, so no M gets a config slower than the tree's.  With the
+unpatched release beside it (``release``), the release's own dispatch (its kernel, its
+config) is timed on the same routings too and its config joins the candidates, so no M keeps
+a config the release's own choice beats by more than that noise, and the report gives the
+gain over the release.
 
 After each M, two files in the output folder are replaced atomically:
 
@@ -45,8 +49,9 @@ from .measure import (
     series_version,
     write_atomically,
 )
+from .measure import dispatch_config as launch_config
 from .trees import fingerprint
-from .tune import GEMMS, candidates, draw_routings, joint_times
+from .tune import GEMMS, candidates, draw_routings, joint_times, with_peer_configs
 
 STATE_NAME = "moe-patch-tune.json"
 DTYPE = "fp8_w8a8"
@@ -98,12 +103,34 @@ def earlier_results(out: Path, inputs: dict) -> tuple[dict, list[str]]:
     return ({}, differ) if differ else (state.get("results", {}), [])
 
 
-def tune_one_m(variant, shape, quant, M, weights, routings, seed, candidates_for) -> dict:
-    """Time the dispatch and every candidate at M on the same routings; the chosen row."""
+TIMED_KEYS = ("config", "config_source", "us", "up_us", "down_us")
+
+
+def tune_one_m(
+    variant, shape, quant, M, weights, routings, seed, candidates_for, release=None
+) -> dict:
+    """Time the dispatch and every candidate at M on the same routings; the chosen row.
+    With ``release`` (the unpatched release's Variant) its own dispatch, its kernel and
+    its config, is timed with them, and its config joins the candidates on the tree's
+    kernel, so the chosen config is never one the release's own choice beats by more
+    than the search's noise."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed * 100_003 + M)
     draws, hit = draw_routings(shape, quant, M, routings, gen)
     pool = candidates_for(quant, M, shape)
-    own, *tried = joint_times([(variant, None)] + [(variant, c) for c in pool], draws, weights)
+    peers = [] if release is None else [release]
+    if release is not None:
+        case = draws[0][0]["up"]
+        pool = with_peer_configs(
+            pool,
+            [{"config": launch_config(release, case)[0]}],
+            {"config": launch_config(variant, case)[0]},
+        )
+    own, *rest = joint_times(
+        [(variant, None)] + [(p, None) for p in peers] + [(variant, c) for c in pool],
+        draws,
+        weights,
+    )
+    released, tried = (rest[0] if peers else None), rest[len(peers) :]
     good = [t for t in tried if t is not None and t["correct"]]
     fastest = min(good, key=lambda t: t["us"], default=None)
     tuned = fastest is not None and (
@@ -116,11 +143,18 @@ def tune_one_m(variant, shape, quant, M, weights, routings, seed, candidates_for
         "chosen": "tuned" if tuned else "dispatch",
         "config": vllm_entry(chosen["config"]),
         "us": chosen["us"],
-        "dispatch": {
-            key: own[key] for key in ("config", "config_source", "us", "up_us", "down_us")
-        },
+        "dispatch": {key: own[key] for key in TIMED_KEYS},
         "dispatch_correct": own["correct"],
         "speedup": own["us"] / chosen["us"],
+        **(
+            {
+                "release": {key: released[key] for key in TIMED_KEYS},
+                "release_correct": released["correct"],
+                "speedup_over_release": released["us"] / chosen["us"],
+            }
+            if released is not None
+            else {}
+        ),
         "candidates": len(tried),
         "rejected": len(tried) - len(good),  # did not compile, or computed wrongly
     }
@@ -158,9 +192,13 @@ def tune_model(
     candidates_for: Callable[[str, int, Shape], list[dict]] = candidates,
     on_result: Callable[[dict], None] | None = None,
     on_discard: Callable[[list[str]], None] | None = None,
+    release: Path | None = None,
 ) -> dict:
     """Tune ``shape`` at every M of ``Ms`` on ``tree``'s kernel; write the config file and
-    the report into ``out`` after each M and return the report.  ``on_result`` is called
+    the report into ``out`` after each M and return the report.  With ``release`` (the
+    vLLM tree the series was applied to, unpatched) each M also times the release's own
+    dispatch on the same routings and tries its config (:func:`tune_one_m`); the report
+    gives the gain over it.  ``on_result`` is called
     with each M's row, tuned now or kept from an earlier run; ``on_discard`` with the
     inputs that differ when ``out`` holds an earlier run with other inputs (a tree whose
     fused-MoE folder changed, another seed ...), whose results are then timed again."""
@@ -176,6 +214,7 @@ def tune_model(
         "seed": seed,
         "device": device_name(),
         "series_version": series_version(),
+        **({"release_fingerprint": fingerprint(Path(release))} if release is not None else {}),
     }
     rows, differ = earlier_results(out, inputs)
     if differ and on_discard is not None:
@@ -187,6 +226,9 @@ def tune_model(
         "results": rows,
     }
     variant = Variant("tree", Path(tree), load_fused_moe_kernel(Path(tree)))
+    released = None
+    if release is not None:
+        released = Variant("release", Path(release), load_fused_moe_kernel(Path(release)))
 
     def save() -> None:
         report["results"] = dict(sorted(rows.items(), key=lambda kv: int(kv[0])))
@@ -201,7 +243,7 @@ def tune_model(
                 gen = torch.Generator(device=DEVICE).manual_seed(seed)
                 weights = {g: make_weights(shape, g, quant, gen) for g in GEMMS}
             rows[str(M)] = tune_one_m(
-                variant, shape, quant, M, weights, routings, seed, candidates_for
+                variant, shape, quant, M, weights, routings, seed, candidates_for, released
             )
             save()
         if on_result is not None:

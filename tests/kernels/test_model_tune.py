@@ -14,6 +14,7 @@ from moe_kernels import model_tune
 from moe_kernels.configs import vllm_entry
 from moe_kernels.dispatch import config_for, device_name
 from moe_kernels.measure import Shape
+from moe_kernels.trees import fingerprint
 from moe_kernels.tune import candidates
 from moe_patch.model_config import moe_shape
 
@@ -131,19 +132,79 @@ def test_the_command_prints_the_gain_per_m_and_the_folder_for_vllm(tree, tmp_pat
     (tmp_path / "config.json").write_text(json.dumps(TINY_MODEL))
     out = tmp_path / "tuned"
     args = ["--model", str(tmp_path), "--tree", str(tree), "--M", "2,1", "--routings", "1"]
-    result = CliRunner().invoke(main, ["tune", *args, "--out", str(out)])
+    result = CliRunner().invoke(main, ["tune", *args, "--release", "none", "--out", str(out)])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].split() == ["M", "dispatch", "µs", "tuned", "µs", "speed-up"]
     assert [line.split()[0] for line in lines[1:3]] == ["1", "2"]
     assert lines[3] == f"wrote {out / tiny_file_name()}"
     assert lines[4] == f"export VLLM_TUNED_CONFIG_FOLDER={out}"
+    # By default the release the tree was made from (0.21.0, through moe-patch's cache) is
+    # timed beside it: a new input, so every M is timed again, and the gain over it shown.
+    result = CliRunner().invoke(main, ["tune", *args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert (
+        lines[0] == f"{out}: the earlier run there had another --release tree; tuning every M again"
+    )
+    assert lines[1].split() == ["M", "release", "µs", "dispatch", "µs", "tuned", "µs", "vs",
+                                "dispatch", "vs", "release"]  # fmt: skip
+    report = json.loads((out / model_tune.STATE_NAME).read_text())
+    for line, M in zip(lines[2:4], ("1", "2"), strict=True):
+        row = report["results"][M]
+        assert line.split() == [
+            M, f"{row['release']['us']:.1f}", f"{row['dispatch']['us']:.1f}", f"{row['us']:.1f}",
+            f"{row['speedup']:.2f}x", f"{row['speedup_over_release']:.2f}x",
+        ]  # fmt: skip
     # Run again with another seed: the earlier results are not passed off as this run's.
     result = CliRunner().invoke(main, ["tune", *args, "--M", "1", "--seed", "5", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[0] == (
         f"{out}: the earlier run there had another --seed; tuning every M again"
     )
+
+
+def test_the_release_is_timed_beside_the_tree_and_its_config_tried(
+    tree, release_trees, tiny_shape, tmp_path
+):
+    release = release_trees("0.21.0")
+    report = model_tune.tune_model(
+        tree, tiny_shape, "tensor", [1], tmp_path / "t", routings=1, candidates_for=one_tile,
+        release=release,
+    )  # fmt: skip
+    row = report["results"]["1"]
+    assert report["inputs"]["release_fingerprint"] == fingerprint(release)
+    assert row["release_correct"] and row["release"]["config_source"] == "default"
+    assert row["speedup_over_release"] == pytest.approx(row["release"]["us"] / row["us"])
+    # The release's config joins the candidates on the tree's kernel where it is not the
+    # tree's own (0.21.0's default names no split; the series' default offers one).
+    assert vllm_entry(row["release"]["config"]) != vllm_entry(row["dispatch"]["config"])
+    assert row["candidates"] == 2
+    # Nothing the release launches is kept where the search saw it more than 3% faster.
+    assert row["us"] <= row["dispatch"]["us"]
+
+
+@pytest.mark.parametrize(
+    ("release", "said"),
+    [
+        ("{tmp}/nowhere", "is not a vLLM source tree"),
+        ("auto", "does not say which vLLM it is"),
+    ],
+)
+def test_a_release_that_cannot_be_had_is_one_line(tree, tmp_path, release, said):
+    from click.testing import CliRunner
+    from moe_kernels.trees import copy_harness_files
+    from moe_patch.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_MODEL))
+    unversioned = tmp_path / "tree"
+    copy_harness_files(tree, unversioned)
+    (unversioned / "vllm" / "_version.py").unlink()
+    args = ["--model", str(tmp_path), "--tree", str(unversioned), "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(main, ["tune", *args, "--release", release.format(tmp=tmp_path)])
+    assert result.exit_code == 2
+    assert said in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
 
 
 def test_without_m_the_command_tunes_vllms_whole_capture_grid(tree, tmp_path, monkeypatch):

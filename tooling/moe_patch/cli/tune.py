@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import click
@@ -23,7 +24,65 @@ INPUT_WORDS = {
     "seed": "--seed",
     "device": "GPU",
     "series_version": "moe-patch version",
+    "release_fingerprint": "--release tree",
 }
+
+
+def _release_tree(release: str, tree: Path, scratch: Path) -> Path | None:
+    """The unpatched tree ``--release`` names: None for none, the release of ``tree``'s
+    version made in ``scratch`` through moe-patch's download cache for auto, else the path."""
+    from moe_kernels import FUSED_MOE_REL
+
+    if release == "none":
+        return None
+    if release != "auto":
+        path = Path(release)
+        if not (path / FUSED_MOE_REL).is_file():
+            raise UsageError(
+                f"--release {path} is not a vLLM source tree: it has no {FUSED_MOE_REL}"
+            )
+        return path
+    from moe_kernels.loader import tree_version
+    from moe_kernels.trees import build_tree
+    from packaging.version import InvalidVersion, Version
+
+    version = tree_version(tree)
+    try:
+        released = (
+            version is not None
+            and not Version(version).local
+            and not Version(version).is_devrelease
+        )
+    except InvalidVersion:
+        released = False
+    if not released:
+        said = f"says it is {version}" if version else "does not say which vLLM it is"
+        raise UsageError(
+            f"{tree} {said}, not a vLLM release: name the unpatched tree with --release PATH, "
+            "or --release none"
+        )
+    return build_tree(version, scratch / f"vllm-{version}")
+
+
+def _print_gains(report: dict, token_counts: list[int]) -> None:
+    """Per M: the release's time (where it was timed), the tree's dispatch, the tuned config,
+    and the tuned config's gain over each."""
+    against_release = all("release" in report["results"][str(M)] for M in token_counts)
+    head = f"{'M':>5}  {'dispatch µs':>12}  {'tuned µs':>10}  {'speed-up':>8}"
+    if against_release:
+        head = f"{'M':>5}  {'release µs':>11}  {'dispatch µs':>12}  {'tuned µs':>10}  {'vs dispatch':>11}  {'vs release':>10}"
+    click.echo(head)
+    for M in token_counts:
+        row = report["results"][str(M)]
+        if against_release:
+            click.echo(
+                f"{M:>5}  {row['release']['us']:>11.1f}  {row['dispatch']['us']:>12.1f}  "
+                f"{row['us']:>10.1f}  {row['speedup']:>10.2f}x  {row['speedup_over_release']:>9.2f}x"
+            )
+        else:
+            click.echo(
+                f"{M:>5}  {row['dispatch']['us']:>12.1f}  {row['us']:>10.1f}  {row['speedup']:>7.2f}x"
+            )
 
 
 def _say_discarded(out: Path):
@@ -100,7 +159,17 @@ def _token_counts(ctx, param, value: str | None) -> list[int] | None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Folder for vLLM's config file and the report (moe-patch-tune.json).",
 )
-def command(model, tp, tree, quant, token_counts, routings, seed, out):
+@click.option(
+    "--release",
+    default="auto",
+    show_default=True,
+    metavar="auto|none|PATH",
+    help="The unpatched vLLM each M is also timed with (its own kernel and config, on the "
+    "same routings; its config is tried too) and the gain is reported against: auto, the "
+    "release --tree says it is, through moe-patch's download cache; a vLLM source tree; "
+    "or none.",
+)
+def command(model, tp, tree, quant, token_counts, routings, seed, out, release):
     """Tune FP8 fused-MoE configs for a model on this GPU, in vLLM's config-file format.
 
     From the model's config.json (experts, top-k, hidden and MoE intermediate size) and
@@ -126,26 +195,24 @@ def command(model, tp, tree, quant, token_counts, routings, seed, out):
     kernel_shape = measure.Shape(
         shape.name, shape.experts, shape.topk, shape.hidden, shape.intermediate
     )
-    with progress(len(token_counts), "tuning") as advance:
-        try:
-            report = model_tune.tune_model(
-                tree,
-                kernel_shape,
-                quant or shape.quant,
-                token_counts,
-                out,
-                routings=routings,
-                seed=seed,
-                on_result=lambda row: advance(1),
-                on_discard=_say_discarded(out),
-            )
-        except KernelLoadError as exc:
-            raise UsageError(f"cannot load fused_moe_kernel from {tree}: {exc}") from None
-    click.echo(f"{'M':>5}  {'dispatch µs':>12}  {'tuned µs':>10}  {'speed-up':>8}")
-    for M in token_counts:
-        row = report["results"][str(M)]
-        click.echo(
-            f"{M:>5}  {row['dispatch']['us']:>12.1f}  {row['us']:>10.1f}  {row['speedup']:>7.2f}x"
-        )
+    with tempfile.TemporaryDirectory(prefix="moe-patch-tune-") as scratch:
+        release_tree = _release_tree(release, tree, Path(scratch))
+        with progress(len(token_counts), "tuning") as advance:
+            try:
+                report = model_tune.tune_model(
+                    tree,
+                    kernel_shape,
+                    quant or shape.quant,
+                    token_counts,
+                    out,
+                    routings=routings,
+                    seed=seed,
+                    on_result=lambda row: advance(1),
+                    on_discard=_say_discarded(out),
+                    release=release_tree,
+                )
+            except KernelLoadError as exc:
+                raise UsageError(f"cannot load fused_moe_kernel: {exc}") from None
+    _print_gains(report, token_counts)
     click.echo(f"wrote {out / report['config_file']}")
     click.echo(f"export VLLM_TUNED_CONFIG_FOLDER={out.resolve()}")
