@@ -152,6 +152,40 @@ def test_fp8_gemm_split_k(kernel, mode, case, swap_ab, gen, device):
     assert_gemm_matches(run.C, ref)
 
 
+# K that 128-deep K tiles (and 128 x 128 scale blocks) do not divide, as tensor-parallel
+# shards of real models have: Qwen3-Coder-480B's second GEMM at TP 8 runs K = 2560 / 8 = 320,
+# two and a half tiles.  Split 2: slices of two and of a half tile; split 4: one slice empty.
+RAGGED_K = 320
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 4], ids=lambda s: f"split{s}")
+@pytest.mark.parametrize("swap_ab", [False, True], ids=["noswap", "swap"])
+@pytest.mark.parametrize("mode", ["tensor", "block"])
+def test_fp8_gemm_ragged_k(kernel, mode, swap_ab, split_k, gen, device):
+    _skip_unless_swap(kernel, swap_ab)
+    if split_k > 1 and not kernel.has_split_k:
+        pytest.skip("this tree's kernel ignores SPLIT_K")
+    M, topk = 5, 2
+    out_dtype = torch.bfloat16 if device.type == "cuda" or split_k == 1 else torch.float16
+    block_shape = (128, 128) if mode == "block" else None
+    w = make_weights(E, N, RAGGED_K, gen, device)
+    a = make_activations(M, RAGGED_K, gen, device)
+    ids, tw = make_routing(M, topk, E, gen, device, n_dead=1)
+    bq, bs = quantize_weights(w, mode, block_shape)
+    config = {**CFG_N64, "BLOCK_SIZE_K": 128, **({"SPLIT_K": split_k} if split_k > 1 else {})}
+    run = fused_moe_gemm(
+        kernel, a, bq, bs, ids, tw, config, mode,
+        mul_routed_weight=True, swap_ab=swap_ab, out_dtype=out_dtype,
+    )  # fmt: skip
+    assert run.launch_args["grid"][1] == split_k
+    assert not run.C.isnan().any(), "kernel left rows unwritten"
+    ref = ref_fp8_moe_gemm(
+        run.A_q, run.A_scale, bq, bs, ids, mode,
+        topk_weights=tw, mul_routed_weight=True, block_shape=block_shape,
+    )  # fmt: skip
+    assert_gemm_matches(run.C, ref)
+
+
 def test_split_k_refused_by_kernels_without_it(kernel, gen, device):
     if kernel.has_split_k:
         pytest.skip("this tree's kernel implements SPLIT_K")
