@@ -46,6 +46,13 @@ CASES = {
 MODES = ("tensor", "channel", "block")
 
 
+def reference(run, bq, bs, ids, tw, mode, mul, **kwargs):
+    """The float64 reference of ``run`` from the exact FP8 inputs the kernel read."""
+    return ref_fp8_moe_gemm(
+        run.A_q, run.A_scale, bq, bs, ids, mode, topk_weights=tw, mul_routed_weight=mul, **kwargs
+    )
+
+
 def _skip_unless_swap(kernel, swap_ab):
     if swap_ab and not kernel.has_swap_ab:
         pytest.skip("this tree's kernel has no SWAP_AB")
@@ -73,10 +80,7 @@ def test_fp8_gemm(kernel, mode, case, swap_ab, gen, device):
         assert run.launch_args["SWAP_AB"] is swap_ab
     assert (run.sorted_token_ids is None) == (naive is None and M * topk * 4 <= n_exp)
     assert not run.C.isnan().any(), "kernel left rows unwritten"
-    ref = ref_fp8_moe_gemm(
-        run.A_q, run.A_scale, bq, bs, ids, mode,
-        topk_weights=tw, mul_routed_weight=mul, block_shape=block_shape,
-    )  # fmt: skip
+    ref = reference(run, bq, bs, ids, tw, mode, mul, block_shape=block_shape)
     assert_gemm_matches(run.C, ref)
     # sanity of the quantiser itself: close to the unquantised product
     full = ref_moe_gemm(a, w, ids, topk, tw, mul)
@@ -108,10 +112,7 @@ def test_expert_parallel_remote_experts(kernel, ignore_invalid, swap_ab, gen, de
     else:
         assert (run.expert_ids == -1).any()
         assert (run.C[remote] == 0).all(), "blocks with expert_ids == -1 must be zeros"
-    ref = ref_fp8_moe_gemm(
-        run.A_q, run.A_scale, bq, bs, ids, "tensor",
-        topk_weights=tw, mul_routed_weight=True, expert_map=local,
-    )  # fmt: skip
+    ref = reference(run, bq, bs, ids, tw, "tensor", True, expert_map=local)
     assert not run.C[~remote].isnan().any()
     assert rel_frobenius_error(run.C[~remote], ref[~remote]) < GEMM_TOL
 
@@ -144,10 +145,7 @@ def test_fp8_gemm_split_k(kernel, mode, case, swap_ab, gen, device):
         mul_routed_weight=mul, naive=naive, swap_ab=swap_ab, out_dtype=out_dtype,
     )  # fmt: skip
     assert run.launch_args["grid"][1] == split_k
-    ref = ref_fp8_moe_gemm(
-        run.A_q, run.A_scale, bq, bs, ids, mode,
-        topk_weights=tw, mul_routed_weight=mul, block_shape=block_shape,
-    )  # fmt: skip
+    ref = reference(run, bq, bs, ids, tw, mode, mul, block_shape=block_shape)
     # A kernel that ignored the split would add the whole product split_k times.
     assert_gemm_matches(run.C, ref)
 
@@ -179,10 +177,7 @@ def test_fp8_gemm_ragged_k(kernel, mode, swap_ab, split_k, gen, device):
     )  # fmt: skip
     assert run.launch_args["grid"][1] == split_k
     assert not run.C.isnan().any(), "kernel left rows unwritten"
-    ref = ref_fp8_moe_gemm(
-        run.A_q, run.A_scale, bq, bs, ids, mode,
-        topk_weights=tw, mul_routed_weight=True, block_shape=block_shape,
-    )  # fmt: skip
+    ref = reference(run, bq, bs, ids, tw, mode, True, block_shape=block_shape)
     assert_gemm_matches(run.C, ref)
 
 
@@ -270,8 +265,5 @@ def test_bounds_catch_planted_bugs(kernel, bug, gen, device):
         kernel, a, bq, bs, ids, tw, CFG_N128, mode,
         mul_routed_weight=True, extra_args=wrong(bs),
     )  # fmt: skip
-    ref = ref_fp8_moe_gemm(
-        run.A_q, run.A_scale, bq, bs, ids, mode,
-        topk_weights=tw, mul_routed_weight=True, block_shape=block_shape,
-    )  # fmt: skip
+    ref = reference(run, bq, bs, ids, tw, mode, True, block_shape=block_shape)
     assert rel_frobenius_error(run.C, ref) > 5 * GEMM_TOL
