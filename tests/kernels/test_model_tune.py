@@ -184,22 +184,32 @@ def test_the_release_is_timed_beside_the_tree_and_its_config_tried(
     assert row["us"] <= row["dispatch"]["us"]
 
 
+def with_version(tree, into, version: str | None):
+    """A copy of ``tree``'s harness files that says it is ``version`` (None: says nothing)."""
+    from moe_kernels.trees import copy_harness_files
+
+    copy_harness_files(tree, into)
+    version_file = into / "vllm" / "_version.py"
+    version_file.unlink()
+    if version is not None:
+        version_file.write_text(f"__version__ = version = {version!r}\n")
+    return into
+
+
 @pytest.mark.parametrize(
-    ("release", "said"),
+    ("release", "version", "said"),
     [
-        ("{tmp}/nowhere", "is not a vLLM source tree"),
-        ("auto", "does not say which vLLM it is"),
+        ("{tmp}/nowhere", None, "is not a vLLM source tree"),
+        ("auto", None, "does not say which vLLM it is"),
+        ("auto", "0.21.1.dev3+gabcdef", "says it is 0.21.1.dev3+gabcdef, not a vLLM release"),
     ],
 )
-def test_a_release_that_cannot_be_had_is_one_line(tree, tmp_path, release, said):
+def test_a_release_that_cannot_be_had_is_one_line(tree, tmp_path, release, version, said):
     from click.testing import CliRunner
-    from moe_kernels.trees import copy_harness_files
     from moe_patch.cli import main
 
     (tmp_path / "config.json").write_text(json.dumps(TINY_MODEL))
-    unversioned = tmp_path / "tree"
-    copy_harness_files(tree, unversioned)
-    (unversioned / "vllm" / "_version.py").unlink()
+    unversioned = with_version(tree, tmp_path / "tree", version)
     args = ["--model", str(tmp_path), "--tree", str(unversioned), "--out", str(tmp_path / "o")]
     result = CliRunner().invoke(main, ["tune", *args, "--release", release.format(tmp=tmp_path)])
     assert result.exit_code == 2
@@ -225,3 +235,14 @@ def test_without_m_the_command_tunes_vllms_whole_capture_grid(tree, tmp_path, mo
     CliRunner().invoke(main, ["tune", *args])
     assert asked == [list(VLLM_GRID)]
     assert {72, 80, 104, 200, 272, 496, 512} <= set(VLLM_GRID) and len(VLLM_GRID) == 62
+
+
+def test_a_local_version_label_names_its_release(tree, tmp_path):
+    """A patched wheel says 0.21.0+moe..., a local build 0.21.0+cu128: both are 0.21.0."""
+    from moe_kernels.loader import tree_version
+    from moe_patch.cli.tune import _release_tree
+
+    labelled = with_version(tree, tmp_path / "tree", "0.21.0+moe.0.1.0")
+    release = _release_tree("auto", labelled, tmp_path / "scratch")
+    assert tree_version(release) == "0.21.0"
+    assert fingerprint(release) != fingerprint(labelled)  # the release, not the patched tree

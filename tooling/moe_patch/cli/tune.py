@@ -46,19 +46,15 @@ def _release_tree(release: str, tree: Path, scratch: Path) -> Path | None:
     from moe_kernels.trees import build_tree
     from packaging.version import InvalidVersion, Version
 
-    version = tree_version(tree)
-    try:
-        released = (
-            version is not None
-            and not Version(version).local
-            and not Version(version).is_devrelease
-        )
+    said = tree_version(tree)
+    try:  # a local label (a patched wheel's +moe..., a build's +cu128) is the same release
+        version = Version(said).public if said and not Version(said).is_devrelease else None
     except InvalidVersion:
-        released = False
-    if not released:
-        said = f"says it is {version}" if version else "does not say which vLLM it is"
+        version = None
+    if version is None:
+        what = f"says it is {said}" if said else "does not say which vLLM it is"
         raise UsageError(
-            f"{tree} {said}, not a vLLM release: name the unpatched tree with --release PATH, "
+            f"{tree} {what}, not a vLLM release: name the unpatched tree with --release PATH, "
             "or --release none"
         )
     return build_tree(version, scratch / f"vllm-{version}")
