@@ -1,9 +1,11 @@
 """The vLLM trees a GPU run of the harness needs, made on any machine with the package index.
 
-A label names a release as released (``0.21.0``) or with the series that serves it applied
-(``0.21.0+moe``); moe-patch's own download path and cache bring the release, and its applier
-the series of this checkout.  The harness reads only a tree's fused-MoE folder and
-``vllm/_version.py``, so what a device call has to carry is those (about 3 MB a tree):
+A label names a release as released (``0.21.0``), with the series that serves it applied
+(``0.21.0+moe``), or with the series and the release's own config files in place of the
+series' tables (``0.21.0+untuned``: the tree a search for those tables runs on); moe-patch's
+own download path and cache bring the release, and its applier the series of this checkout.
+The harness reads only a tree's fused-MoE folder and ``vllm/_version.py``, so what a device
+call has to carry is those (about 3 MB a tree):
 
     python -m moe_kernels.trees 0.21.0 0.21.0+moe 0.33.0 0.33.0+moe --out .gpu/trees
 
@@ -60,25 +62,35 @@ def fingerprint(tree: Path) -> str:
     return digest.hexdigest()
 
 
-def split_label(label: str) -> tuple[str, bool]:
-    """``X.Y.Z`` or ``X.Y.Z+moe`` -> (version, with the series)."""
-    version, plus, suffix = label.partition("+")
-    if plus and suffix != "moe":
-        raise ValueError(f"{label!r}: a tree label is X.Y.Z or X.Y.Z+moe")
-    return version, bool(plus)
+# A label's suffix: the release as released, with the series, or with the series and the
+# release's own config files (what a search for the series' tables runs on).
+KINDS = {"": "as released", "moe": "with the series", "untuned": "with the series"}
+LABELS = "X.Y.Z, X.Y.Z+moe or X.Y.Z+untuned"
+
+
+def split_label(label: str) -> tuple[str, str]:
+    """``X.Y.Z``, ``X.Y.Z+moe`` or ``X.Y.Z+untuned`` -> (version, "" / "moe" / "untuned")."""
+    version, _, kind = label.partition("+")
+    if kind not in KINDS or not version:
+        raise ValueError(f"{label!r}: a tree label is {LABELS}")
+    return version, kind
 
 
 def build_tree(label: str, into: Path) -> Path:
     """The whole vLLM tree ``label`` names, at ``into`` (a git work tree on the release)."""
-    from moe_patch import series, sources
+    from moe_patch import gitutil, series, sources
     from moe_patch.applier import apply_series
 
-    version, patched = split_label(label)
+    version, kind = split_label(label)
     work = sources.from_cache(version, into, None)
-    if patched:
+    if kind:
         report = apply_series(work.path, work.base, version, series.for_version(version))
         if not report.ok:
             raise RuntimeError(f"the series did not apply to {version}: {report.to_json()}")
+    if kind == "untuned":  # the release's config files in place of the series' tables
+        configs = FUSED_MOE_REL.parent / "configs"
+        shutil.rmtree(work.path / configs)
+        gitutil.run(work.path, "checkout", work.base, "--", configs.as_posix())
     return work.path
 
 
@@ -133,14 +145,14 @@ def harness_trees(labels: list[str], out: Path) -> dict[str, dict]:
     described = {}
     with tempfile.TemporaryDirectory(prefix="moe-trees-") as scratch:
         for label in labels:
-            version, patched = split_label(label)
+            version, kind = split_label(label)
             target = out / label
             copy_harness_files(build_tree(label, Path(scratch) / label), target)
             kernel = (target / FUSED_MOE_REL).read_bytes()
             described[label] = {
-                "tree": f"vLLM {version} with the series at commit {commit}"
-                if patched
-                else f"vLLM {version} as released",
+                "tree": f"vLLM {version} "
+                + (f"with the series at commit {commit}" if kind else "as released")
+                + (f" and {version}'s own config files" if kind == "untuned" else ""),
                 "fused_moe.py sha256": hashlib.sha256(kernel).hexdigest(),
                 "fingerprint": fingerprint(target),
             }
@@ -150,7 +162,7 @@ def harness_trees(labels: list[str], out: Path) -> dict[str, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("labels", nargs="+", metavar="LABEL", help="X.Y.Z or X.Y.Z+moe")
+    parser.add_argument("labels", nargs="+", metavar="LABEL", help=LABELS)
     parser.add_argument("--out", type=Path, required=True, help="folder for the trees")
     args = parser.parse_args(argv)
     try:

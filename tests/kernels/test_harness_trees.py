@@ -43,10 +43,27 @@ def test_each_label_gets_its_fused_moe_folder_and_version_and_nothing_else(tmp_p
 
 
 def test_a_label_is_a_release_or_a_release_with_the_series(capsys):
-    assert split_label("0.33.0") == ("0.33.0", False)
-    assert split_label("0.33.0+moe") == ("0.33.0", True)
-    with pytest.raises(ValueError, match="X.Y.Z or X.Y.Z\\+moe"):
+    assert split_label("0.33.0") == ("0.33.0", "")
+    assert split_label("0.33.0+moe") == ("0.33.0", "moe")
+    assert split_label("0.33.0+untuned") == ("0.33.0", "untuned")
+    with pytest.raises(ValueError, match="X.Y.Z, X.Y.Z\\+moe or X.Y.Z\\+untuned"):
         split_label("0.33.0+mine")
     with pytest.raises(SystemExit) as exc:
         main(["0.33.0+mine", "--out", "unused"])
-    assert exc.value.code == 2 and "X.Y.Z or X.Y.Z+moe" in capsys.readouterr().err
+    assert exc.value.code == 2 and "X.Y.Z+moe or X.Y.Z+untuned" in capsys.readouterr().err
+
+
+def test_an_untuned_tree_is_the_series_with_the_releases_own_config_files(tmp_path):
+    described = harness_trees(["0.21.0", "0.21.0+moe", "0.21.0+untuned"], tmp_path)
+    released, patched, untuned = (tmp_path / label for label in described)
+    assert (untuned / FUSED_MOE_REL).read_bytes() == (patched / FUSED_MOE_REL).read_bytes()
+    configs = FUSED_MOE_REL.parent / "configs"
+
+    def tables(tree):
+        return {p.name: p.read_bytes() for p in (tree / configs).iterdir()}
+
+    assert tables(untuned) == tables(released) != tables(patched)
+    assert described["0.21.0+untuned"]["tree"].endswith("and 0.21.0's own config files")
+    # The series' default configs still serve where the release ships no table
+    args = (72, 128, 768, 2048, 8)
+    assert config_for(untuned, *args, gpu_name="NVIDIA H200")[1] == "default"
