@@ -9,8 +9,8 @@ The fastest correct candidate is kept only where it beats the dispatch by more t
 dispatch's own config is kept, so no M gets a config slower than the tree's.  With the
 unpatched release beside it (``release``), the release's own dispatch (its kernel, its
 config) is timed on the same routings too and its config joins the candidates, so no M keeps
-a config the release's own choice beats by more than that noise, and the report gives the
-gain over the release.
+a config that the release's config, launched by the tree, beats by more than that noise; the
+report gives the gain over the release.
 
 After each M, two files in the output folder are replaced atomically:
 
@@ -112,8 +112,8 @@ def tune_one_m(
     """Time the dispatch and every candidate at M on the same routings; the chosen row.
     With ``release`` (the unpatched release's Variant) its own dispatch, its kernel and
     its config, is timed with them, and its config joins the candidates on the tree's
-    kernel, so the chosen config is never one the release's own choice beats by more
-    than the search's noise."""
+    kernel, so the chosen config is never one that the release's config beats there by
+    more than the search's noise."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed * 100_003 + M)
     draws, hit = draw_routings(shape, quant, M, routings, gen)
     pool = candidates_for(quant, M, shape)
@@ -198,9 +198,8 @@ def tune_model(
     the report into ``out`` after each M and return the report.  With ``release`` (the
     vLLM tree the series was applied to, unpatched) each M also times the release's own
     dispatch on the same routings and tries its config (:func:`tune_one_m`); the report
-    gives the gain over it.  ``on_result`` is called
-    with each M's row, tuned now or kept from an earlier run; ``on_discard`` with the
-    inputs that differ when ``out`` holds an earlier run with other inputs (a tree whose
+    gives the gain over it.  ``on_result`` is called with each M's row, tuned now or
+    kept from an earlier run; ``on_discard`` with the inputs that differ when ``out`` holds an earlier run with other inputs (a tree whose
     fused-MoE folder changed, another seed ...), whose results are then timed again."""
     Ms = sorted(set(Ms))
     out.mkdir(parents=True, exist_ok=True)
