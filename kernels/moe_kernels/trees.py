@@ -64,7 +64,7 @@ def fingerprint(tree: Path) -> str:
 
 # A label's suffix: the release as released, with the series, or with the series and the
 # release's own config files (what a search for the series' tables runs on).
-KINDS = {"": "as released", "moe": "with the series", "untuned": "with the series"}
+KINDS = ("", "moe", "untuned")
 LABELS = "X.Y.Z, X.Y.Z+moe or X.Y.Z+untuned"
 
 

@@ -63,22 +63,19 @@ def _release_tree(release: str, tree: Path, scratch: Path) -> Path | None:
 def _print_gains(report: dict, token_counts: list[int]) -> None:
     """Per M: the release's time (where it was timed), the tree's dispatch, the tuned config,
     and the tuned config's gain over each."""
-    against_release = all("release" in report["results"][str(M)] for M in token_counts)
-    head = f"{'M':>5}  {'dispatch µs':>12}  {'tuned µs':>10}  {'speed-up':>8}"
-    if against_release:
-        head = f"{'M':>5}  {'release µs':>11}  {'dispatch µs':>12}  {'tuned µs':>10}  {'vs dispatch':>11}  {'vs release':>10}"
-    click.echo(head)
-    for M in token_counts:
-        row = report["results"][str(M)]
+    rows = [report["results"][str(M)] for M in token_counts]
+    against_release = all("release" in row for row in rows)
+    columns = ["release µs"] if against_release else []
+    columns += ["dispatch µs", "tuned µs"]
+    columns += ["vs dispatch", "vs release"] if against_release else ["speed-up"]
+    click.echo("  ".join([f"{'M':>5}", *(f"{c:>11}" for c in columns)]))
+    for M, row in zip(token_counts, rows, strict=True):
+        cells = [row["release"]["us"]] if against_release else []
+        cells = [f"{us:.1f}" for us in [*cells, row["dispatch"]["us"], row["us"]]]
+        cells.append(f"{row['speedup']:.2f}x")
         if against_release:
-            click.echo(
-                f"{M:>5}  {row['release']['us']:>11.1f}  {row['dispatch']['us']:>12.1f}  "
-                f"{row['us']:>10.1f}  {row['speedup']:>10.2f}x  {row['speedup_over_release']:>9.2f}x"
-            )
-        else:
-            click.echo(
-                f"{M:>5}  {row['dispatch']['us']:>12.1f}  {row['us']:>10.1f}  {row['speedup']:>7.2f}x"
-            )
+            cells.append(f"{row['speedup_over_release']:.2f}x")
+        click.echo("  ".join([f"{M:>5}", *(f"{c:>11}" for c in cells)]))
 
 
 def _say_discarded(out: Path):
