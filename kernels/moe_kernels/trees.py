@@ -76,13 +76,15 @@ def split_label(label: str) -> tuple[str, str]:
     return version, kind
 
 
-def build_tree(label: str, into: Path) -> Path:
-    """The whole vLLM tree ``label`` names, at ``into`` (a git work tree on the release)."""
+def build_tree(label: str, into: Path, index_url: str | None = None) -> Path:
+    """The whole vLLM tree ``label`` names, at ``into`` (a git work tree on the release;
+    ``index_url``: the package index a release not in moe-patch's cache comes from, None
+    for pip's)."""
     from moe_patch import gitutil, series, sources
     from moe_patch.applier import apply_series
 
     version, kind = split_label(label)
-    work = sources.from_cache(version, into, None)
+    work = sources.from_cache(version, into, index_url)
     if kind:
         report = apply_series(work.path, work.base, version, series.for_version(version))
         if not report.ok:

@@ -246,3 +246,23 @@ def test_a_local_version_label_names_its_release(tree, tmp_path):
     release = _release_tree("auto", labelled, tmp_path / "scratch")
     assert tree_version(release) == "0.21.0"
     assert fingerprint(release) != fingerprint(labelled)  # the release, not the patched tree
+
+
+def test_a_release_out_of_reach_says_how_to_go_on(tree, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    from moe_kernels import trees
+    from moe_patch.cli import main
+    from moe_patch.errors import EXIT_NETWORK, NetworkError
+
+    def unreachable(label, into, index_url=None):
+        assert (label, index_url) == ("0.21.0", "http://index.invalid/simple")
+        raise NetworkError("cannot reach the package index http://index.invalid/simple")
+
+    monkeypatch.setattr(trees, "build_tree", unreachable)
+    (tmp_path / "config.json").write_text(json.dumps(TINY_MODEL))
+    args = ["--model", str(tmp_path), "--tree", str(tree), "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(main, ["tune", *args, "--index-url", "http://index.invalid/simple"])
+    assert result.exit_code == EXIT_NETWORK
+    assert len(result.output.strip().splitlines()) == 1
+    assert "--release PATH, or --release none" in result.output
+    assert not (tmp_path / "o").exists()

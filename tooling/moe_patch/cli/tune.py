@@ -8,9 +8,17 @@ from pathlib import Path
 
 import click
 
-from ..errors import EXIT_LOCAL_IO, EXIT_USAGE, UsageError, command_epilog
+from ..errors import (
+    EXIT_LOCAL_IO,
+    EXIT_NETWORK,
+    EXIT_USAGE,
+    NetworkError,
+    UsageError,
+    command_epilog,
+)
 from ..model_config import moe_shape
 from ..ui import progress
+from .options import index_option, pass_settings
 
 KERNELS_MISSING = "moe-patch tune needs torch and triton: pip install 'moe-patch[kernels]'"
 
@@ -28,7 +36,9 @@ INPUT_WORDS = {
 }
 
 
-def _release_tree(release: str, tree: Path, scratch: Path) -> Path | None:
+def _release_tree(
+    release: str, tree: Path, scratch: Path, index_url: str | None = None
+) -> Path | None:
     """The unpatched tree ``--release`` names: None for none, the release of ``tree``'s
     version made in ``scratch`` through moe-patch's download cache for auto, else the path."""
     from moe_kernels import FUSED_MOE_REL
@@ -57,7 +67,13 @@ def _release_tree(release: str, tree: Path, scratch: Path) -> Path | None:
             f"{tree} {what}, not a vLLM release: name the unpatched tree with --release PATH, "
             "or --release none"
         )
-    return build_tree(version, scratch / f"vllm-{version}")
+    try:
+        return build_tree(version, scratch / f"vllm-{version}", index_url)
+    except NetworkError as exc:
+        raise NetworkError(
+            f"{exc.message} (--release auto fetches vLLM {version} once into moe-patch's "
+            "cache); or name the unpatched tree with --release PATH, or --release none"
+        ) from None
 
 
 def _print_gains(report: dict, token_counts: list[int]) -> None:
@@ -105,7 +121,7 @@ def _token_counts(ctx, param, value: str | None) -> list[int] | None:
             "moe-patch tune --model ./Qwen3-30B-A3B-FP8 --tp 2 --tree ./vllm --out tuned/",
             "moe-patch tune --model config.json --tp 8 --tree ./vllm --M 1,2,4,8 --out tuned/",
         ],
-        {EXIT_USAGE, EXIT_LOCAL_IO},
+        {EXIT_USAGE, EXIT_NETWORK, EXIT_LOCAL_IO},
     ),
 )
 @click.option(
@@ -162,7 +178,9 @@ def _token_counts(ctx, param, value: str | None) -> list[int] | None:
     "release --tree says it is, through moe-patch's download cache; a vLLM source tree; "
     "or none.",
 )
-def command(model, tp, tree, quant, token_counts, routings, seed, out, release):
+@index_option
+@pass_settings
+def command(model, tp, tree, quant, token_counts, routings, seed, out, release, settings):
     """Tune FP8 fused-MoE configs for a model on this GPU, in vLLM's config-file format.
 
     From the model's config.json (experts, top-k, hidden and MoE intermediate size) and
@@ -189,7 +207,7 @@ def command(model, tp, tree, quant, token_counts, routings, seed, out, release):
         shape.name, shape.experts, shape.topk, shape.hidden, shape.intermediate
     )
     with tempfile.TemporaryDirectory(prefix="moe-patch-tune-") as scratch:
-        release_tree = _release_tree(release, tree, Path(scratch))
+        release_tree = _release_tree(release, tree, Path(scratch), settings.index_url)
         with progress(len(token_counts), "tuning") as advance:
             try:
                 report = model_tune.tune_model(
