@@ -99,7 +99,10 @@ def test_layer_graphs_follow_graph_us_too(release_trees, tmp_path):
     out = tmp_path / "layer.json"
     args = [f"--tree=0.21.0+moe={release_trees('0.21.0+moe')}", "--shape", "tiny-smoke-test"]
     args += ["--gemm", "layer", "--quant", "tensor", "--M", "2", "--graph-us", "2000"]
-    assert bench.main([*args, "--out", str(out)]) == 0
+    # A fixed draw: through the interpreter this tiny layer's error against the float64
+    # reference is 0.009-0.032 by the draw (seeds 1-6), about the 0.03 bound (the H200 runs'
+    # real shapes: at most 0.004); this test is about the graph's size, not that.
+    assert bench.main([*args, "--seed", "1", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert [row["launches"] for row in report["rows"]] == [1]  # the interpreter: one layer
     assert "as many layers per graph as last about 2000 µs" in bench_markdown(report)
