@@ -96,3 +96,11 @@ def test_an_incorrect_measurement_fails_coverage():
     bench["rows"][7]["correct"] = False
     ok, details = _verdicts(bench)["coverage"]
     assert not ok and "1 incorrect" in details[0]
+
+
+def test_a_cpu_rehearsal_of_the_run_is_judged_as_an_h200s():
+    """The device command rehearsed through the interpreter names no GPU: its launches were
+    an H200's (the launcher's assumption there), and the verdicts are the same."""
+    bench = _run(split_at_one)
+    bench["environment"] = {"gpu": None, "device": "cpu (Triton interpreter)"}
+    assert all(ok for ok, _ in _verdicts(bench).values())
