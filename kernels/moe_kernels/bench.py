@@ -76,7 +76,7 @@ from .measure import (
 from .quant import quantize_activations
 from .reference import ref_moe_layer_quantized
 from .stats import rel_frobenius_error
-from .trees import fingerprint, fingerprint_changes
+from .trees import fingerprint_changes, fingerprints_of
 
 DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -257,9 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         token_counts(args.M)
     except ValueError:
         parser.error(f"--M takes comma-separated token counts or vllm-grid, not {args.M!r}")
-    trees = {label: Path(path) for label, _, path in (t.partition("=") for t in args.tree)}
     try:
-        args.fingerprints = {label: fingerprint(path) for label, path in trees.items()}
+        args.fingerprints = fingerprints_of(args.tree)
     except FileNotFoundError as error:
         parser.error(f"--tree: {error}")
     done_rows: list[dict] = []
@@ -269,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as error:
             parser.error(f"cannot resume from {args.out}: {error}")
         seed = earlier.get("method", {}).get("seed")
-        paths = {label: str(path) for label, path in trees.items()}
-        if earlier.get("variants") != paths or args.seed not in (None, seed):
+        trees = {label: str(Path(path)) for label, _, path in (t.partition("=") for t in args.tree)}
+        if earlier.get("variants") != trees or args.seed not in (None, seed):
             parser.error(f"cannot resume {args.out}: other trees or seed; give another --out")
         if earlier.get("method", {}).get("graph_us") != args.graph_us:
             parser.error(f"cannot resume {args.out}: another --graph-us; give another --out")

@@ -125,6 +125,14 @@ def copy_harness_files(tree: Path, target: Path) -> None:
         shutil.copy2(Path(tree) / rel, target / rel)
 
 
+def fingerprints_of(specs: list[str]) -> dict[str, str]:
+    """Label -> :func:`fingerprint` for ``LABEL=PATH`` specs, as bench and tune take trees
+    (FileNotFoundError naming a path that is not a vLLM tree)."""
+    return {
+        label: fingerprint(Path(path)) for label, _, path in (spec.partition("=") for spec in specs)
+    }
+
+
 def fingerprint_changes(recorded: dict[str, str] | None, current: dict[str, str]) -> str | None:
     """Why a result file's trees (``recorded``: label -> fingerprint) are not ``current``,
     in words; None when they are the same trees."""

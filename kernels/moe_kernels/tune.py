@@ -79,7 +79,7 @@ from .measure import (
     time_variants,
     write_report,
 )
-from .trees import fingerprint, fingerprint_changes
+from .trees import fingerprint_changes, fingerprints_of
 
 DECODE_M = (1, 2, 4, 8, 16, 32, 64)
 GEMMS = ("up", "down")
@@ -357,10 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     # What a resumed file must share with this run for its cells to count.
     same = {"tree": args.tree, "peers": args.peer, "routings": args.routings}
     try:
-        args.fingerprints = {
-            label: fingerprint(Path(path))
-            for label, _, path in (spec.partition("=") for spec in [args.tree, *args.peer])
-        }
+        args.fingerprints = fingerprints_of([args.tree, *args.peer])
     except FileNotFoundError as error:
         parser.error(f"--tree/--peer: {error}")
     results = []
