@@ -30,6 +30,16 @@ from studies import emit
 
 SERIES_BEFORE = "0.21.0+moe"  # the peer that ran the series' tables as they were
 RELEASES = ("0.21.0", "0.33.0")
+# vLLM's default CUDA-graph capture sizes for decode batches (to 512)
+CAPTURE_SIZES = frozenset((1, 2, 4, *range(8, 257, 8), *range(272, 513, 16)))
+
+
+def where(token_counts: list[int]) -> str:
+    """The searched token counts, as the report's title names them."""
+    listed = ", ".join(map(str, token_counts))
+    if set(token_counts) <= CAPTURE_SIZES:
+        return f"vLLM's CUDA-graph sizes {listed}"
+    return f"M = {listed}, between vLLM's CUDA-graph sizes"
 
 
 def shipped_time(row: dict) -> tuple[dict, str]:
@@ -76,7 +86,7 @@ def markdown(
     series: str = "0.20",
 ) -> str:
     lines = [
-        f"# The {series} series' H200 tables at vLLM's CUDA-graph sizes 24, 40, 48, 56",
+        f"# The {series} series' H200 tables at {where(sorted({c['M'] for c in found}))}",
         "",
         "Written by `kernels/studies/capture_sizes.py` from "
         + ", ".join(f"`{n}`" for n in names)

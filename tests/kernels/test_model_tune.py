@@ -266,3 +266,33 @@ def test_a_release_out_of_reach_says_how_to_go_on(tree, tmp_path, monkeypatch):
     assert len(result.output.strip().splitlines()) == 1
     assert "--release PATH, or --release none" in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_the_h200_runs_file_is_what_the_patched_trees_lookup_reads(release_trees, tmp_path):
+    """The committed H200 run of ``moe-patch tune`` (GLM-4.5-Air, block FP8, on 0.33.0 with
+    the series, timed against 0.33.0 as released): the config file it wrote, under the name
+    the report gives it, is what the patched tree's own lookup reads at every M tuned, and
+    the report keeps a config only where it beat the dispatch."""
+    results = model_tune.__file__.rsplit("/moe_kernels/", 1)[0] + "/results/untuned"
+    report = json.loads(open(f"{results}/h200-tune-glm-4.5-air-0.33.json").read())
+    folder = tmp_path / "tuned"
+    folder.mkdir()
+    (folder / report["config_file"]).write_text(
+        open(f"{results}/h200-tune-glm-4.5-air-0.33-config.json").read()
+    )
+    shape = report["inputs"]["shape"]
+    assert report["environment"]["gpu"] == "NVIDIA H200" and report["inputs"]["quant"] == "block"
+    tree = release_trees("0.33.0+moe")
+    for M, row in report["results"].items():
+        config, source = config_for(
+            tree, int(M), shape["experts"], shape["intermediate"], shape["hidden"],
+            shape["topk"], "fp8_w8a8", [128, 128], gpu_name="NVIDIA H200",
+            config_folder=str(folder),
+        )  # fmt: skip
+        assert source == f"tuned:{report['config_file']}[{M}]"
+        assert config == row["config"]
+        assert row["dispatch_correct"] and row["release_correct"]
+        if row["chosen"] == "tuned":
+            assert row["us"] < row["dispatch"]["us"] / 1.03
+        else:
+            assert row["us"] == row["dispatch"]["us"]

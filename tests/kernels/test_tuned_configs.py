@@ -43,11 +43,16 @@ SEARCHES = {
         "h200-tune-decode-0.21.json",
         "h200-tune-peers-0.21.json",
         *CAPTURE_SEARCHES,
+        "h200-tune-between-0.21.json",
     ],
-    "0.33.0": ["h200-tune-split-k-0.33.json", "h200-tune-capture-0.33.json"],
-    # the 0.34 series carries the same tables (0.34.0 ships the same files and defaults)
-    "0.34.0": ["h200-tune-split-k-0.33.json", "h200-tune-capture-0.33.json"],
+    "0.33.0": [
+        "h200-tune-split-k-0.33.json",
+        "h200-tune-capture-0.33.json",
+        "h200-tune-between-0.33.json",
+    ],
 }
+# the 0.34 series carries the same tables (0.34.0 ships the same files and defaults)
+SEARCHES["0.34.0"] = SEARCHES["0.33.0"]
 
 
 @pytest.mark.parametrize("release", list(SEARCHES))
@@ -627,3 +632,48 @@ def test_committed_0_25_capture_size_report_is_the_studys_and_backs_the_patch_me
         ratios = [c[peer] / c["us"] for c in found]
         assert round(statistics.geometric_mean(ratios), 3) == geomean
         assert min(ratios) >= 0.98
+
+
+@pytest.mark.parametrize(
+    ("series", "search", "before", "releases", "geomeans", "slowest_gemm"),
+    [
+        (
+            "0.20",
+            "h200-tune-between-0.21.json",
+            "0.21.0+moe",
+            ("0.21.0", "0.33.0"),
+            {"0.21.0+moe": 1.008, "0.21.0": 1.090, "0.33.0": 1.035},
+            0.974,
+        ),
+        (
+            "0.25+",
+            "h200-tune-between-0.33.json",
+            "0.33.0+moe",
+            ("0.33.0",),
+            {"0.33.0+moe": 1.004, "0.33.0": 1.031},
+            0.995,
+        ),
+    ],
+)
+def test_committed_between_size_reports_are_the_studys_and_back_the_patch_messages(
+    series, search, before, releases, geomeans, slowest_gemm
+):
+    """Both series' searches at M = 3, 5-7, 9-15: each committed report is what
+    studies.capture_sizes makes of its search, every timing was correct, and its summary is
+    what the patch messages say: no cell below 0.98x of the tables before or of a release,
+    and the slowest single GEMM against a release (the 0.20 series' DeepSeek-V3 block at
+    M = 6, kept: no searched config kept both GEMMs within 2% of 0.33.0)."""
+    from studies import capture_sizes
+
+    run = json.loads((RESULTS / search).read_text())
+    found = capture_sizes.cells([run], before, releases)
+    version = search.removeprefix("h200-tune-between-").removesuffix(".json")
+    report = RESULTS.parent / "between-sizes" / f"h200-between-sizes-{version}.md"
+    assert report.read_text() == capture_sizes.markdown([search], found, before, releases, series)
+    assert len(found) == 88 and sorted({c["M"] for c in found}) == [3, 5, 6, 7, *range(9, 16)]
+    assert all(t["correct"] for row in run["results"] for t in row["all"])
+    for peer, geomean in geomeans.items():
+        ratios = [c[peer] / c["us"] for c in found]
+        assert round(statistics.geometric_mean(ratios), 3) == geomean
+        assert min(ratios) >= 0.98
+    assert round(min(c["gemm"][r] for c in found for r in releases), 3) == slowest_gemm
