@@ -81,6 +81,23 @@ def _line(key: tuple, ratio: float) -> str:
     return f"{shape} {gemm} {quant} M={M}: {ratio:.3f}×"
 
 
+def unfinished(table: dict, shapes: set[str], variants: set[str]) -> list[tuple]:
+    """The cases of the measured shapes (both GEMMs and the layer, both quantisations, vLLM's
+    grid) that some variant of the run has no time for: a file that several device sessions
+    fill holds whole shapes only when the run is done."""
+    return [
+        key
+        for key in sorted(
+            (shape, gemm, quant, M)
+            for shape in shapes
+            for gemm in ("up", "down", "layer")
+            for quant in ("tensor", "block")
+            for M in VLLM_GRID
+        )
+        if not variants <= set(table.get(key, {}))
+    ]
+
+
 def judge(bench: dict, pairs: list[tuple[str, str]]) -> list[tuple[str, bool, list[str]]]:
     """(criterion, passed, details) for each criterion."""
     wrong = [r for r in bench["rows"] if not r["correct"]]
@@ -104,12 +121,20 @@ def judge(bench: dict, pairs: list[tuple[str, str]]) -> list[tuple[str, bool, li
         details.append(f"M of vLLM's grid not measured: {missing_m}")
     if absent:
         details.append(f"not measured: {', '.join(absent)}")
+    holes = unfinished(table, shapes, set(bench["variants"]))
+    if holes:
+        details.append(
+            f"{len(holes)} cases of the measured shapes lack a variant or were not reached "
+            "(a run cut short: continue it with --resume), e.g. "
+            + ", ".join(f"{s} {g} {q} M={m}" for s, g, q, m in holes[:3])
+        )
     covered = (
         len(shapes) >= MIN_SHAPES
         and len(untuned) >= MIN_UNTUNED
         and routings >= MIN_ROUTINGS
         and not missing_m
         and not absent
+        and not holes
         and not wrong
     )
     verdicts.append(("coverage (and every measurement correct)", covered, details))

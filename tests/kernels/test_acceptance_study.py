@@ -91,6 +91,31 @@ def test_each_shortfall_fails_its_criterion_and_names_the_cases():
     assert not ok and "not measured: [40]" in "\n".join(details)
 
 
+def test_a_run_cut_short_fails_coverage_and_says_to_resume():
+    """A file that several device sessions fill: every shape and M present somewhere, but the
+    last shape's last cases not reached, or one variant missing from a case."""
+    bench = _run(split_at_one)
+    last = SHAPES[-1]
+    bench["rows"] = [
+        r
+        for r in bench["rows"]
+        if not (r["shape"] == last and r["gemm"] == "layer" and r["M"] > 64)
+    ]
+    ok, details = _verdicts(bench)["coverage"]
+    holes = 2 * sum(m > 64 for m in VLLM_GRID)  # both quantisations
+    assert not ok and f"{holes} cases of the measured shapes" in "\n".join(details)
+    assert "--resume" in "\n".join(details)
+
+    bench = _run(split_at_one)
+    bench["rows"] = [
+        r
+        for r in bench["rows"]
+        if not (r["shape"] == last and r["M"] == 1 and r["variant"] == "0.21.0+moe")
+    ]
+    ok, details = _verdicts(bench)["coverage"]
+    assert not ok and "6 cases of the measured shapes lack a variant" in "\n".join(details)
+
+
 def test_an_incorrect_measurement_fails_coverage():
     bench = _run(split_at_one)
     bench["rows"][7]["correct"] = False
