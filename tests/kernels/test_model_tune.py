@@ -8,6 +8,7 @@ report never keeps a config slower than the tree's dispatch.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from moe_kernels import model_tune
@@ -18,6 +19,7 @@ from moe_kernels.trees import fingerprint
 from moe_kernels.tune import candidates
 from moe_patch.model_config import moe_shape
 
+UNTUNED_RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results" / "untuned"
 TINY_MODEL = {
     "n_routed_experts": 8,
     "num_experts_per_tok": 2,
@@ -273,12 +275,11 @@ def test_the_h200_runs_file_is_what_the_patched_trees_lookup_reads(release_trees
     the series, timed against 0.33.0 as released): the config file it wrote, under the name
     the report gives it, is what the patched tree's own lookup reads at every M tuned, and
     the report keeps a config only where it beat the dispatch."""
-    results = model_tune.__file__.rsplit("/moe_kernels/", 1)[0] + "/results/untuned"
-    report = json.loads(open(f"{results}/h200-tune-glm-4.5-air-0.33.json").read())
+    report = json.loads((UNTUNED_RESULTS / "h200-tune-glm-4.5-air-0.33.json").read_text())
     folder = tmp_path / "tuned"
     folder.mkdir()
     (folder / report["config_file"]).write_text(
-        open(f"{results}/h200-tune-glm-4.5-air-0.33-config.json").read()
+        (UNTUNED_RESULTS / "h200-tune-glm-4.5-air-0.33-config.json").read_text()
     )
     shape = report["inputs"]["shape"]
     assert report["environment"]["gpu"] == "NVIDIA H200" and report["inputs"]["quant"] == "block"
