@@ -75,9 +75,11 @@ REPLAYS = 30
 # in the same cell was not), most at the first cell of a shape.
 WARMUP_REPLAYS = 5
 BLOCK_SHAPE = (128, 128)
-# Every token count up to 16, then the decode batch sizes vLLM captures CUDA graphs for (and
-# pads a batch up to) up to 512: multiples of 8 to 256, of 16 beyond.
-VLLM_GRID = (*range(1, 17), *range(24, 257, 8), *range(272, 513, 16))
+# The decode batch sizes vLLM captures CUDA graphs for (and pads a batch up to) up to 512:
+# 1, 2, 4, then multiples of 8 to 256, of 16 beyond.
+CAPTURE_SIZES = (1, 2, 4, *range(8, 257, 8), *range(272, 513, 16))
+# Every token count up to 16, then the capture sizes.
+VLLM_GRID = tuple(sorted({*range(1, 17), *CAPTURE_SIZES}))
 FP8_ERROR_BOUND = 3e-2
 # Without CUDA (Triton's interpreter) the benchmark still runs end to end, for
 # the smoke test; its times are then wall-clock and meaningless.

@@ -25,19 +25,18 @@ from pathlib import Path
 from statistics import geometric_mean
 
 from moe_kernels.configs import as_launch, chosen
+from moe_kernels.measure import CAPTURE_SIZES
 
 from studies import emit
 
 SERIES_BEFORE = "0.21.0+moe"  # the peer that ran the series' tables as they were
 RELEASES = ("0.21.0", "0.33.0")
-# vLLM's default CUDA-graph capture sizes for decode batches (to 512)
-CAPTURE_SIZES = frozenset((1, 2, 4, *range(8, 257, 8), *range(272, 513, 16)))
 
 
 def where(token_counts: list[int]) -> str:
     """The searched token counts, as the report's title names them."""
     listed = ", ".join(map(str, token_counts))
-    if set(token_counts) <= CAPTURE_SIZES:
+    if set(token_counts) <= set(CAPTURE_SIZES):
         return f"vLLM's CUDA-graph sizes {listed}"
     return f"M = {listed}, between vLLM's CUDA-graph sizes"
 
