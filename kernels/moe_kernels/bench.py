@@ -30,7 +30,6 @@ several GPUs of the host (``moe_kernels.spread``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -75,6 +74,7 @@ from .measure import (
 )
 from .quant import quantize_activations
 from .reference import ref_moe_layer_quantized
+from .resultfile import read_report
 from .stats import rel_frobenius_error
 from .trees import fingerprint_changes, fingerprints_of
 
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     done_rows: list[dict] = []
     if args.resume and args.out.exists():
         try:
-            earlier = json.loads(args.out.read_text())
+            earlier = read_report(args.out)
         except ValueError as error:
             parser.error(f"cannot resume from {args.out}: {error}")
         seed = earlier.get("method", {}).get("seed")

@@ -55,6 +55,7 @@ from .dispatch import tree_selection
 from .loader import FUSED_MOE_REL
 from .lookup import own_beyond_the_search
 from .measure import SHAPES
+from .resultfile import read_report
 
 MIN_GAIN = 0.03
 PEER_FLOOR = 0.98
@@ -98,7 +99,7 @@ def load_results(paths: list[Path]) -> dict[tuple[str, str, int], dict]:
     then only veto the earlier choice (:func:`chosen`)."""
     rows = {}
     for path in paths:
-        for row in json.loads(path.read_text())["results"]:
+        for row in read_report(path)["results"]:
             key = (row["shape"], row["quant"], row["M"])
             if row.get("peers") and key in rows:
                 row = {**row, "earlier": rows[key]}

@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
@@ -42,6 +41,7 @@ from .launch import invoke_fused_moe_kernel
 from .loader import LoadedKernel
 from .quant import quantize_activations, quantize_weights
 from .reference import dequantize_activations, dequantize_weights, ref_moe_gemm
+from .resultfile import encode
 from .stats import rel_frobenius_error
 
 COPIES = 8
@@ -471,13 +471,13 @@ def _portable(arg: str) -> str:
     return f"{prefix}{sep}{value}"
 
 
-def write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str | bytes) -> None:
     """Replace ``path`` with ``text`` in one step: a reader sees the old file or the new.
     A missing folder is made (a run's first write comes after minutes of measuring)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as handle:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as handle:
             handle.write(text)
         os.replace(temp, path)
     except BaseException:
@@ -495,8 +495,9 @@ def case_generator(seed: int, *case) -> torch.Generator:
 
 def write_report(path: Path, report: dict) -> None:
     """Write a result file whole or not at all: a run written after every case and
-    stopped at a device call's time limit keeps its last complete file."""
-    write_atomically(path, json.dumps(report, indent=1))
+    stopped at a device call's time limit keeps its last complete file (gzip-compressed
+    where the name ends in ``.gz``: :mod:`moe_kernels.resultfile`)."""
+    write_atomically(path, encode(path, report))
 
 
 def record_header(module: str, argv: list[str] | None) -> dict:

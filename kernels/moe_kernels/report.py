@@ -9,12 +9,13 @@ the JSON.  The tables are computed from the raw rows, nothing is typed in.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from .resultfile import markdown_path, read_report
 
 SKIP_SHAPES = {"tiny-smoke-test"}
 
@@ -303,12 +304,13 @@ def jit_plot(report: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     for name in argv if argv is not None else sys.argv[1:]:
         path = Path(name)
-        report = json.loads(path.read_text())
+        report = read_report(path)
         kind = "jit" if "results" in report and "sweep_token_counts" in report else "bench"
         markdown, plot = (jit_markdown, jit_plot) if kind == "jit" else (bench_markdown, bench_plot)
-        path.with_suffix(".md").write_text(markdown(report))
+        text = markdown_path(path)
+        text.write_text(markdown(report))
         try:
-            plot(report, path.with_suffix(".png"))
+            plot(report, text.with_suffix(".png"))
         except ImportError:
             print(f"{path}: matplotlib is not installed; wrote the Markdown only")
     return 0

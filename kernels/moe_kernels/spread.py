@@ -13,7 +13,6 @@ finished and continues with ``--resume``.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .measure import command_line, series_version, write_report
+from .resultfile import read_report
 
 KERNELS_DIR = Path(__file__).resolve().parents[1]
 
@@ -80,7 +80,7 @@ def earlier_seed(out: Path) -> int | None:
     """The seed a cut-short run used: from its merged file, else from any part."""
     for path in [out, *sorted(parts_dir(out).glob("*.json"))]:
         try:
-            return json.loads(path.read_text())["method"]["seed"]
+            return read_report(path)["method"]["seed"]
         except (OSError, ValueError, KeyError):
             continue
     return None
@@ -103,7 +103,7 @@ def seed_parts(job: Job) -> None:
     """A unit with no part yet starts from the rows ``--out`` already holds for it (a file
     written without ``--gpus``, or parts lost), so resuming measures only what is missing."""
     try:
-        earlier = json.loads(job.out.read_text())
+        earlier = read_report(job.out)
     except (OSError, ValueError):
         return
     for unit in job.units:
@@ -118,7 +118,7 @@ def merge(job: Job, argv: list[str] | None) -> dict | None:
     parts = []
     for unit in job.units:
         try:
-            parts.append(json.loads(part_path(job.out, unit).read_text()))
+            parts.append(read_report(part_path(job.out, unit)))
         except (OSError, ValueError):
             continue
     parts = [p for p in parts if p.get(job.rows_key)]

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import sys
 import time
@@ -79,6 +78,7 @@ from .measure import (
     time_variants,
     write_report,
 )
+from .resultfile import read_report
 from .trees import fingerprint_changes, fingerprints_of
 
 DECODE_M = (1, 2, 4, 8, 16, 32, 64)
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     if args.resume and args.out.exists():
         try:
-            earlier_run = json.loads(args.out.read_text())
+            earlier_run = read_report(args.out)
         except ValueError as error:
             parser.error(f"cannot resume from {args.out}: {error}")
         method = earlier_run.get("method", {})

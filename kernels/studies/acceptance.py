@@ -29,7 +29,6 @@ Exit code 0 when every criterion passes, 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -38,6 +37,7 @@ from statistics import geometric_mean, median
 from moe_kernels.bench import VLLM_GRID
 from moe_kernels.loader import CPU_SM_COUNT
 from moe_kernels.measure import SHAPE_GROUPS, SHAPES
+from moe_kernels.resultfile import read_report
 from moe_kernels.tune import launch_programs
 
 from studies import emit
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pair", action="append", default=[], metavar="PATCHED:BASE")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    bench = json.loads(args.bench.read_text())
+    bench = read_report(args.bench)
     variants = set(bench["variants"])
     if args.pair:
         pairs = [tuple(p.split(":", 1)) for p in args.pair]

@@ -7,6 +7,7 @@ against the float64 reference and the JSON report are all exercised.
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 from moe_kernels import bench, measure, spread
 from moe_kernels.dispatch import config_for
 from moe_kernels.report import bench_markdown, combine_routings, fixed_cost_section
+from moe_kernels.resultfile import markdown_path, read_report
 
 
 def test_bench_runs_and_checks_every_variant(release_trees, tmp_path):
@@ -148,26 +150,27 @@ RENDERED_BY_AN_OLDER_REPORT = {"tuned-configs/h200-tuned-configs-bench.json"}
 
 
 def _bench_reports() -> list[str]:
-    """Every committed moe_kernels.bench report that has its Markdown beside it."""
+    """Every committed moe_kernels.bench report (JSON, or gzip-compressed JSON) that has its
+    Markdown beside it."""
     found = []
-    for path in sorted(RESULTS.rglob("*.json")):
+    for path in sorted([*RESULTS.rglob("*.json"), *RESULTS.rglob("*.json.gz")]):
         name = path.relative_to(RESULTS).as_posix()
-        if not path.with_suffix(".md").exists() or name in RENDERED_BY_AN_OLDER_REPORT:
+        if not markdown_path(path).exists() or name in RENDERED_BY_AN_OLDER_REPORT:
             continue
-        if "-m moe_kernels.bench " in str(json.loads(path.read_text()).get("command", "")):
+        if "-m moe_kernels.bench " in str(read_report(path).get("command", "")):
             found.append(name)
     return found
 
 
 @pytest.mark.parametrize("name", _bench_reports())
 def test_committed_markdown_is_what_its_json_says(name):
-    report = json.loads((RESULTS / name).read_text())
-    assert bench_markdown(report) == (RESULTS / name).with_suffix(".md").read_text()
+    report = read_report(RESULTS / name)
+    assert bench_markdown(report) == markdown_path(RESULTS / name).read_text()
 
 
 def test_every_bench_report_is_checked():
     indexed = json.loads((RESULTS / "index.json").read_text())
-    reports = {name for name in indexed if name.endswith("-bench.json")}
+    reports = {name for name in indexed if name.endswith(("-bench.json", "-bench.json.gz"))}
     assert set(_bench_reports()) == reports - RENDERED_BY_AN_OLDER_REPORT
 
 
@@ -467,6 +470,27 @@ def test_stop_after_leaves_cases_for_resume(release_trees, tmp_path):
     assert json.loads(out.read_text())["rows"] == []
     assert bench.main([*args, "--resume"]) == 0
     assert sorted(r["M"] for r in json.loads(out.read_text())["rows"]) == [3, 5]
+
+
+def test_a_gz_out_is_compressed_resumed_and_rendered(release_trees, tmp_path):
+    """A run filled over several device sessions is kept compressed: --out X.json.gz is gzip
+    (the same bytes for the same report), --resume continues it, and its Markdown goes beside
+    it as X.md (the committed evidence file's is checked with the other reports)."""
+    out = tmp_path / "evidence-bench.json.gz"
+    tree = release_trees("0.21.0")
+    args = [f"--tree=0.21.0={tree}", "--shape", "tiny-smoke-test", "--gemm", "down"]
+    args += ["--quant", "tensor", "--M", "3,5", "--seed", "4", "--out", str(out)]
+    assert bench.main([*args, "--M", "3"]) == 0
+    assert out.read_bytes()[:2] == b"\x1f\x8b"  # gzip's magic number
+    assert bench.main([*args, "--resume"]) == 0
+    rows = read_report(out)["rows"]
+    assert sorted(r["M"] for r in rows) == [3, 5] and all(r["correct"] for r in rows)
+    assert gzip.decompress(out.read_bytes()) == json.dumps(read_report(out), indent=1).encode()
+    assert markdown_path(out) == tmp_path / "evidence-bench.md"
+
+    out.write_bytes(out.read_bytes()[:100])  # cut short in transfer
+    with pytest.raises(SystemExit):
+        bench.main([*args, "--resume"])
 
 
 def _small_search(monkeypatch):
