@@ -307,10 +307,10 @@ def main(argv: list[str] | None = None) -> int:
         report = read_report(path)
         kind = "jit" if "results" in report and "sweep_token_counts" in report else "bench"
         markdown, plot = (jit_markdown, jit_plot) if kind == "jit" else (bench_markdown, bench_plot)
-        text = markdown_path(path)
-        text.write_text(markdown(report))
+        markdown_file = markdown_path(path)
+        markdown_file.write_text(markdown(report))
         try:
-            plot(report, text.with_suffix(".png"))
+            plot(report, markdown_file.with_suffix(".png"))
         except ImportError:
             print(f"{path}: matplotlib is not installed; wrote the Markdown only")
     return 0
