@@ -17,6 +17,7 @@ import torch
 from moe_kernels import bench, measure, spread
 from moe_kernels.dispatch import config_for
 from moe_kernels.report import bench_markdown, combine_routings, fixed_cost_section
+from moe_kernels.report import main as render_report
 from moe_kernels.resultfile import markdown_path, read_report
 
 
@@ -487,6 +488,9 @@ def test_a_gz_out_is_compressed_resumed_and_rendered(release_trees, tmp_path):
     assert sorted(r["M"] for r in rows) == [3, 5] and all(r["correct"] for r in rows)
     assert gzip.decompress(out.read_bytes()) == json.dumps(read_report(out), indent=1).encode()
     assert markdown_path(out) == tmp_path / "evidence-bench.md"
+    assert render_report([str(out)]) == 0  # the smoke shape alone: Markdown, and no plot
+    assert "| tiny-smoke-test |" not in markdown_path(out).read_text()
+    assert markdown_path(out).exists() and not (tmp_path / "evidence-bench.png").exists()
 
     out.write_bytes(out.read_bytes()[:100])  # cut short in transfer
     with pytest.raises(SystemExit):
