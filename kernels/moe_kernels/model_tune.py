@@ -9,8 +9,9 @@ The fastest correct candidate is kept only where it beats the dispatch by more t
 dispatch's own config is kept, so no M gets a config slower than the tree's.  With the
 unpatched release beside it (``release``), the release's own dispatch (its kernel, its
 config) is timed on the same routings too and its config joins the candidates, so no M keeps
-a config that the release's config, launched by the tree, beats by more than that noise; the
-report gives the gain over the release.
+a config that the release's config, launched by the tree, beats by more than that noise, nor
+one whose first or second GEMM falls behind the release's on a routing where another
+candidate keeps pace (:func:`choose`); the report gives the gain over the release.
 
 After each M, two files in the output folder are replaced atomically:
 
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from .configs import BLOCK_SHAPE, MIN_GAIN, vllm_entry
+from .configs import BLOCK_SHAPE, MIN_GAIN, keeps_pace, vllm_entry
 from .dispatch import config_for, device_name, tree_selection
 from .loader import load_fused_moe_kernel
 from .lookup import own_beyond_the_search
@@ -106,6 +107,26 @@ def earlier_results(out: Path, inputs: dict) -> tuple[dict, list[str]]:
 TIMED_KEYS = ("config", "config_source", "us", "up_us", "down_us")
 
 
+def choose(own: dict, released: dict | None, good: list[dict]) -> tuple[dict, bool]:
+    """The timing to keep at one M, and whether it is a candidate rather than the dispatch.
+
+    A candidate replaces the dispatch where it is faster by more than ``MIN_GAIN``. With the
+    release timed (and correct), only candidates that keep pace with it count (neither GEMM
+    slower than :data:`moe_kernels.configs.PEER_FLOOR` times the release's on any routing:
+    the two GEMMs share one config, and a faster pair can hide a GEMM that lost), and a
+    dispatch that does not keep pace is replaced by the fastest that does, even a slower
+    pair; where none does, the fastest pair is judged as before."""
+    pace = [released] if released is not None and released["correct"] else []
+    keeping = [t for t in good if keeps_pace(t, pace)]
+    fastest = min(keeping or good, key=lambda t: t["us"], default=None)
+    if fastest is None:
+        return own, False
+    own_lags = bool(keeping) and not keeps_pace(own, pace)
+    if not own["correct"] or own_lags or fastest["us"] < (1 - MIN_GAIN) * own["us"]:
+        return fastest, True
+    return own, False
+
+
 def tune_one_m(
     variant, shape, quant, M, weights, routings, seed, candidates_for, release=None
 ) -> dict:
@@ -132,11 +153,7 @@ def tune_one_m(
     )
     released, tried = (rest[0] if peers else None), rest[len(peers) :]
     good = [t for t in tried if t is not None and t["correct"]]
-    fastest = min(good, key=lambda t: t["us"], default=None)
-    tuned = fastest is not None and (
-        not own["correct"] or fastest["us"] < (1 - MIN_GAIN) * own["us"]
-    )
-    chosen = fastest if tuned else own
+    chosen, tuned = choose(own, released, good)
     return {
         "M": M,
         "experts_hit": hit,

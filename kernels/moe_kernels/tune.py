@@ -255,12 +255,18 @@ def with_peer_configs(pool: list[dict], peer_timings, own: dict) -> list[dict]:
 def joint_times(entries: list[tuple], draws, weights) -> list[dict | None]:
     """Time each ``(variant, config)`` of a cell (config None: the variant's own dispatch)
     on both GEMMs, summed over the routings in ``draws`` (pairs of cases and reference
-    caches), all of them taking turns replay by replay (:func:`time_variants`), so a change
-    of the GPU's state during the cell reaches every one alike; None for one that does not
-    fit the SM or does not compile."""
-    sums: list[dict | None] = [{"up_us": 0.0, "down_us": 0.0, "correct": True} for _ in entries]
+    caches) and kept per routing too (``per_routing``: a config can keep pace on the sum and
+    lose on the routing that hits fewer experts), all of them taking turns replay by replay
+    (:func:`time_variants`), so a change of the GPU's state during the cell reaches every
+    one alike; None for one that does not fit the SM or does not compile."""
+    sums: list[dict | None] = [
+        {"up_us": 0.0, "down_us": 0.0, "correct": True, "per_routing": []} for _ in entries
+    ]
     up_rows: list[dict | None] = [None] * len(entries)
     for cases, refs in draws:
+        for total in sums:
+            if total is not None:
+                total["per_routing"].append({})
         for gemm in GEMMS:
             checked = []
             for i, (variant, config) in enumerate(entries):
@@ -278,6 +284,7 @@ def joint_times(entries: list[tuple], draws, weights) -> list[dict | None]:
                 checked, time_variants([c for _, c in checked], TUNE_REPLAYS), strict=True
             ):
                 sums[i][f"{gemm}_us"] += row["us"]
+                sums[i]["per_routing"][-1][f"{gemm}_us"] = row["us"]
                 sums[i]["correct"] = sums[i]["correct"] and row["correct"]
                 if gemm == "up":
                     up_rows[i] = row

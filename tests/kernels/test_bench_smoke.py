@@ -262,6 +262,11 @@ def test_tune_times_peers_on_the_same_routings(release_trees, tmp_path, monkeypa
     for peer in result["peers"].values():
         assert peer["correct"] and peer["us"] == peer["up_us"] + peer["down_us"]
         assert peer["config_source"] == "default"
+    for timed in [*result["peers"].values(), *result["all"]]:  # each routing's times, kept
+        assert len(timed["per_routing"]) == 2
+        for gemm in ("up", "down"):
+            each = [r[f"{gemm}_us"] for r in timed["per_routing"]]
+            assert all(t > 0 for t in each) and sum(each) == pytest.approx(timed[f"{gemm}_us"])
     # tried: this tree's default (which offers split-K), the one candidate, and the peers'
     # default, which both releases share (no split): each config once
     assert result["tried"] == 3 and result["incorrect"] == 0

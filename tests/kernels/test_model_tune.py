@@ -297,3 +297,32 @@ def test_the_h200_runs_file_is_what_the_patched_trees_lookup_reads(release_trees
             assert row["us"] < row["dispatch"]["us"] / 1.03
         else:
             assert row["us"] == row["dispatch"]["us"]
+
+
+def _timing(config_stages: int, *per_routing: tuple[float, float]) -> dict:
+    up, down = sum(u for u, _ in per_routing), sum(d for _, d in per_routing)
+    return {
+        "config": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "num_stages": config_stages},
+        "up_us": up,
+        "down_us": down,
+        "us": up + down,
+        "correct": True,
+        "per_routing": [{"up_us": u, "down_us": d} for u, d in per_routing],
+    }
+
+
+def test_a_config_whose_gemm_falls_behind_the_release_on_a_routing_is_not_chosen():
+    release = _timing(4, (96.0, 45.0), (118.0, 57.0))
+    own = _timing(3, (99.0, 47.0), (120.0, 58.0))  # the tree's dispatch: a little behind
+    faster_pair = _timing(2, (82.0, 49.0), (108.0, 53.0))  # second GEMM 0.918x on routing 1
+    level = _timing(5, (95.0, 45.0), (117.0, 57.0))
+    chosen, tuned = model_tune.choose(own, release, [faster_pair, level])
+    assert tuned and chosen is level  # not the fastest pair: it loses a GEMM on one routing
+    # without the release (or with a broken one) the fastest pair wins, as before
+    assert model_tune.choose(own, None, [faster_pair, level]) == (faster_pair, True)
+    broken = {**release, "correct": False}
+    assert model_tune.choose(own, broken, [faster_pair, level]) == (faster_pair, True)
+    # nothing keeps pace: judged on the pair, and the dispatch stays within MIN_GAIN
+    assert model_tune.choose(own, release, [faster_pair])[0] is faster_pair
+    near = _timing(6, (98.0, 50.0), (119.0, 58.0))
+    assert model_tune.choose(own, release, [near]) == (own, False)

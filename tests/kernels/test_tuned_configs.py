@@ -205,6 +205,29 @@ def test_peers_veto_a_pair_that_hides_a_slower_gemm():
     assert not configs.keeps_pace(_timed(50.0, floor * 1.001), list(upstream.values()))
 
 
+def _per_routing(*pairs: tuple[float, float], stages: int = 3) -> dict:
+    timed = _timed(sum(u for u, _ in pairs), sum(d for _, d in pairs), stages)
+    return {**timed, "per_routing": [{"up_us": u, "down_us": d} for u, d in pairs]}
+
+
+def test_a_config_must_keep_pace_on_every_routing_not_only_their_sum():
+    # The second GEMM of the release's config: 45 us where the routing hits 3 experts,
+    # 57 us where it hits 4; the swapped tile gains on 4 and loses on 3, about even summed.
+    upstream = {"upstream": _per_routing((96.0, 45.0), (118.0, 57.0))}
+    own = _per_routing((97.0, 45.2), (119.0, 57.3), stages=2)
+    uneven = _per_routing((82.0, 49.0), (108.0, 53.0), stages=4)  # second GEMM 0.918x on one
+    assert configs.keeps_pace(
+        {k: v for k, v in uneven.items() if k != "per_routing"},
+        [{k: v for k, v in upstream["upstream"].items() if k != "per_routing"}],
+    )
+    assert not configs.keeps_pace(uneven, list(upstream.values()))
+    entry, why = configs.chosen(_peer_row(own, uneven, peers=upstream))
+    assert entry is None and "keeps pace with upstream" in why
+    # a search without per-routing times is judged on its sums, as before
+    summed = {k: v for k, v in upstream["upstream"].items() if k != "per_routing"}
+    assert configs.keeps_pace(uneven, [summed])
+
+
 def test_peers_keep_an_entry_that_keeps_pace_and_replace_one_that_does_not():
     upstream = {"upstream": _timed(50.0, 25.0)}
     own = _timed(50.5, 25.2, stages=2)  # keeps pace; the candidate gains 2% < MIN_GAIN
