@@ -36,7 +36,7 @@ from statistics import geometric_mean, median
 
 from moe_kernels.bench import VLLM_GRID
 from moe_kernels.loader import CPU_SM_COUNT
-from moe_kernels.measure import SHAPE_GROUPS, SHAPES
+from moe_kernels.measure import SHAPE_GROUPS, SHAPES, gemm_dims
 from moe_kernels.resultfile import read_report
 from moe_kernels.tune import launch_programs
 
@@ -96,6 +96,20 @@ def unfinished(table: dict, shapes: set[str], variants: set[str]) -> list[tuple]
         )
         if not variants <= set(table.get(key, {}))
     ]
+
+
+def _lowest_shapes(table: dict, new: str, gemm: str, quant: str, count: int = 3) -> str:
+    """Where a GEMM's fraction of the floor is lost: the ``count`` shapes with the lowest
+    median at M <= 64, with the GEMM's K (a short K loop is one suspect), those below
+    ``FLOOR_FRACTION`` only."""
+    per_shape = defaultdict(list)
+    for key, by in table.items():
+        if key[1:3] == (gemm, quant) and key[3] <= 64 and new in by:
+            per_shape[key[0]].append(by[new]["fraction"])
+    low = sorted((median(v), s) for s, v in per_shape.items() if median(v) < FLOOR_FRACTION)
+    return "".join(
+        f"\n    - {s} (K = {gemm_dims(SHAPES[s], gemm)[1]}): {f:.3f}" for f, s in low[:count]
+    )
 
 
 def judge(bench: dict, pairs: list[tuple[str, str]]) -> list[tuple[str, bool, list[str]]]:
@@ -214,7 +228,10 @@ def judge(bench: dict, pairs: list[tuple[str, str]]) -> list[tuple[str, bool, li
                 ]
                 if values:
                     fractions.append(median(values))
-                    details.append(f"`{new}` {gemm} {quant}: {fractions[-1]:.3f} of the floor")
+                    details.append(
+                        f"`{new}` {gemm} {quant}: {fractions[-1]:.3f} of the floor"
+                        + _lowest_shapes(table, new, gemm, quant)
+                    )
     passed = bool(fractions) and min(fractions) >= FLOOR_FRACTION
     verdicts.append(
         (f"median fraction of the read floor at M ≤ 64 ≥ {FLOOR_FRACTION}", passed, details)

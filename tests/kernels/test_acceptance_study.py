@@ -85,6 +85,15 @@ def test_each_shortfall_fails_its_criterion_and_names_the_cases():
 
     verdicts = _verdicts(_run(split_at_one, fraction=0.85))
     assert not verdicts["median"][0] and verdicts["no"][0]
+    # and says which shapes lose it, with the GEMM's K: the three lowest, lowest first
+    bench = _run(split_at_one, fraction=0.85)
+    for row in bench["rows"]:
+        if row["shape"] == "qwen3-coder-480b-a35b-tp8" and row["variant"] == "0.21.0+moe":
+            row["floor_us"] = 0.6 * row["us"]
+    (down_tensor,) = [d for d in _verdicts(bench)["median"][1] if " down tensor:" in d]
+    lowest = down_tensor.split("\n    - ")[1:]
+    assert len(lowest) == 3 and lowest[0] == "qwen3-coder-480b-a35b-tp8 (K = 320): 0.600"
+    assert lowest[1] == "deepseek-v3-tp8 (K = 256): 0.850"
 
     verdicts = _verdicts(_run(split_at_one, ms=[m for m in VLLM_GRID if m != 40]))
     ok, details = verdicts["coverage"]
