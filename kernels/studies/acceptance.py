@@ -29,6 +29,7 @@ Exit code 0 when every criterion passes, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -82,18 +83,14 @@ def _line(key: tuple, ratio: float) -> str:
 
 
 def unfinished(table: dict, shapes: set[str], variants: set[str]) -> list[tuple]:
-    """The cases of the measured shapes (both GEMMs and the layer, both quantisations, vLLM's
-    grid) that some variant of the run has no time for: a file that several device sessions
-    fill holds whole shapes only when the run is done."""
+    """The cases of the measured shapes (every GEMM, quantisation and M the run measured for
+    any shape) that some variant of the run has no time for: a file that several device
+    sessions fill holds whole shapes only when the run is done.  What the run measured for no
+    shape at all (an M of vLLM's grid, the layer) coverage names apart."""
+    gemms, quants, ms = ({key[i] for key in table} for i in (1, 2, 3))
     return [
         key
-        for key in sorted(
-            (shape, gemm, quant, M)
-            for shape in shapes
-            for gemm in ("up", "down", "layer")
-            for quant in ("tensor", "block")
-            for M in VLLM_GRID
-        )
+        for key in itertools.product(sorted(shapes), sorted(gemms), sorted(quants), sorted(ms))
         if not variants <= set(table.get(key, {}))
     ]
 

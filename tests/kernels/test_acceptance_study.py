@@ -98,6 +98,7 @@ def test_each_shortfall_fails_its_criterion_and_names_the_cases():
     verdicts = _verdicts(_run(split_at_one, ms=[m for m in VLLM_GRID if m != 40]))
     ok, details = verdicts["coverage"]
     assert not ok and "not measured: [40]" in "\n".join(details)
+    assert "lack a variant" not in "\n".join(details)  # said once, not again per case
 
 
 def test_a_run_cut_short_fails_coverage_and_says_to_resume():
