@@ -52,7 +52,14 @@ from .measure import (
 )
 from .measure import dispatch_config as launch_config
 from .trees import fingerprint
-from .tune import GEMMS, candidates, draw_routings, joint_times, with_peer_configs
+from .tune import (
+    GEMMS,
+    candidates,
+    draw_routings,
+    joint_times,
+    routings_for,
+    with_peer_configs,
+)
 
 STATE_NAME = "moe-patch-tune.json"
 DTYPE = "fp8_w8a8"
@@ -204,7 +211,7 @@ def tune_model(
     Ms: Iterable[int],
     out: Path,
     *,
-    routings: int = 2,
+    routings: int | str = "auto",
     seed: int = 0,
     candidates_for: Callable[[str, int, Shape], list[dict]] = candidates,
     on_result: Callable[[dict], None] | None = None,
@@ -214,7 +221,9 @@ def tune_model(
     """Tune ``shape`` at every M of ``Ms`` on ``tree``'s kernel; write the config file and
     the report into ``out`` after each M and return the report.  With ``release`` (the
     vLLM tree the series was applied to, unpatched) each M also times the release's own
-    dispatch on the same routings and tries its config (:func:`tune_one_m`); the report
+    dispatch on the same routings and tries its config (:func:`tune_one_m`).  ``routings``
+    per M: a number, or "auto" (:func:`moe_kernels.tune.routings_for`: six where the experts a
+    batch hits vary much, two elsewhere); the report
     gives the gain over it.  ``on_result`` is called with each M's row, tuned now or
     kept from an earlier run; ``on_discard`` with the inputs that differ when ``out`` holds an earlier run with other inputs (a tree whose
     fused-MoE folder changed, another seed ...), whose results are then timed again."""
@@ -258,8 +267,9 @@ def tune_model(
             if weights is None:  # drawn once, and only when some M is left to time
                 gen = torch.Generator(device=DEVICE).manual_seed(seed)
                 weights = {g: make_weights(shape, g, quant, gen) for g in GEMMS}
+            draws = routings_for(shape, M) if routings == "auto" else routings
             rows[str(M)] = tune_one_m(
-                variant, shape, quant, M, weights, routings, seed, candidates_for, released
+                variant, shape, quant, M, weights, draws, seed, candidates_for, released
             )
             save()
         if on_result is not None:

@@ -305,6 +305,32 @@ def joint_times(entries: list[tuple], draws, weights) -> list[dict | None]:
     return timed
 
 
+# Routings per M where ``routings`` is "auto": more where the number of experts a batch hits
+# varies much from batch to batch (few experts, small top-k, a handful of tokens), since a
+# config scored on a few such draws can lose on the next (the evidence run: Mixtral-8x7B at
+# 2 and 3 tokens, where that number varies by 16-17%; 4-5% for 128 experts of top-8).
+ROUTINGS = 2
+ROUTINGS_VARIED = 6
+ROUTING_SPREAD = 0.08
+
+
+def experts_hit_spread(shape, M: int) -> float:
+    """Coefficient of variation of the number of distinct experts M tokens hit, each token
+    choosing ``topk`` distinct experts of ``experts`` uniformly (the harness's routing)."""
+    E, k = shape.experts, shape.topk
+    missed = (1 - k / E) ** M  # one given expert, by every token
+    both_missed = ((E - k) * (E - k - 1) / (E * (E - 1))) ** M if E > 1 else 0.0
+    mean = E * (1 - missed)
+    variance = E * missed * (1 - missed) + E * (E - 1) * (both_missed - missed**2)
+    return max(variance, 0.0) ** 0.5 / mean
+
+
+def routings_for(shape, M: int) -> int:
+    """How many routings "auto" draws at M: ``ROUTINGS_VARIED`` where the experts hit vary by
+    more than ``ROUTING_SPREAD``, else ``ROUTINGS``."""
+    return ROUTINGS_VARIED if experts_hit_spread(shape, M) > ROUTING_SPREAD else ROUTINGS
+
+
 def draw_routings(shape, quant: str, M: int, routings: int, gen) -> tuple[list, list[int]]:
     """``routings`` routings of M tokens, each with both GEMMs' cases and an empty reference
     cache (the ``draws`` :func:`joint_times` scores configs over), and the experts each hits."""

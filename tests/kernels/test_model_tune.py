@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from moe_kernels import model_tune
 from moe_kernels.configs import vllm_entry
 from moe_kernels.dispatch import config_for, device_name
@@ -326,3 +327,43 @@ def test_a_config_whose_gemm_falls_behind_the_release_on_a_routing_is_not_chosen
     assert model_tune.choose(own, release, [faster_pair])[0] is faster_pair
     near = _timing(6, (98.0, 50.0), (119.0, 58.0))
     assert model_tune.choose(own, release, [near]) == (own, False)
+
+
+@pytest.mark.parametrize(
+    ("experts", "topk", "M"),
+    [(8, 2, 1), (8, 2, 2), (8, 2, 6), (16, 1, 3), (128, 8, 4), (256, 8, 8)],
+)
+def test_the_spread_of_experts_hit_is_what_routings_give(gen, experts, topk, M):
+    """The closed form against the harness's own routing on fresh draws."""
+    from moe_kernels.measure import routing
+    from moe_kernels.tune import experts_hit_spread
+
+    shape = Shape("spread", experts, topk, 64, 64)
+    hits = torch.tensor(
+        [float(torch.unique(routing(M, shape, gen)[0]).numel()) for _ in range(4000)]
+    )
+    drawn = float(hits.std() / hits.mean())
+    assert experts_hit_spread(shape, M) == pytest.approx(drawn, abs=0.01)
+
+
+def test_auto_draws_more_routings_where_the_experts_hit_vary():
+    from moe_kernels.tune import ROUTINGS, ROUTINGS_VARIED, routings_for
+
+    mixtral, qwen3 = Shape("m", 8, 2, 4096, 14336), Shape("q", 128, 8, 2048, 768)
+    # one token hits exactly top-k experts; Mixtral's 2-8 tokens hit 3-7 of 8, varying 10-17%
+    assert routings_for(mixtral, 1) == ROUTINGS
+    assert [routings_for(mixtral, M) for M in (2, 3, 8)] == [ROUTINGS_VARIED] * 3
+    assert routings_for(mixtral, 24) == ROUTINGS
+    assert all(routings_for(qwen3, M) == ROUTINGS for M in (1, 2, 4, 8, 16, 64))
+
+
+def test_the_command_takes_auto_or_a_number_of_routings(tmp_path):
+    from click.testing import CliRunner
+    from moe_patch.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_MODEL))
+    args = ["tune", "--model", str(tmp_path), "--tree", str(tmp_path), "--out", str(tmp_path)]
+    for bad in ("some", "0"):
+        result = CliRunner().invoke(main, [*args, "--routings", bad])
+        assert result.exit_code == 2 and "--routings" in result.output, result.output
+        assert "Traceback" not in result.output

@@ -114,6 +114,18 @@ def _token_counts(ctx, param, value: str | None) -> list[int] | None:
     return counts
 
 
+def _routings(ctx, param, value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        count = int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither auto nor a number of routings") from None
+    if count < 1:
+        raise click.BadParameter(f"{value!r}: at least one routing")
+    return count
+
+
 @click.command(
     "tune",
     epilog=command_epilog(
@@ -154,10 +166,13 @@ def _token_counts(ctx, param, value: str | None) -> list[int] | None:
 )
 @click.option(
     "--routings",
-    type=click.IntRange(1),
-    default=2,
+    metavar="auto|N",
+    default="auto",
     show_default=True,
-    help="Routings drawn per M; a config's time is the sum over them.",
+    callback=_routings,
+    help="Routings drawn per M; configs are scored on their sum and compared with the "
+    "release on each. auto: six where the number of experts a batch hits varies by more "
+    "than 8% (few experts, small top-k, few tokens), else two.",
 )
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="Seed of weights and routings."
