@@ -12,7 +12,7 @@ kept.  :mod:`moe_kernels.configs` turns the result into vLLM's JSON files.
 
 ``--routings R`` scores each config by its time summed over R routings drawn per
 M: where few experts are hit, which and how many vary from batch to batch, and a
-config that wins on one draw can lose on the next.
+config that wins on one draw can lose on the next (``auto``: :func:`routings_for`).
 
 ``--seeded-by EARLIER.json`` re-times, instead of the whole grid, the ``--top``
 fastest correct configs each cell had in an earlier search (another tree's
@@ -331,6 +331,14 @@ def routings_for(shape, M: int) -> int:
     return ROUTINGS_VARIED if experts_hit_spread(shape, M) > ROUTING_SPREAD else ROUTINGS
 
 
+def _routings_arg(value: str) -> int | str:
+    if value == "auto":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither auto nor a number of routings")
+    return int(value)
+
+
 def draw_routings(shape, quant: str, M: int, routings: int, gen) -> tuple[list, list[int]]:
     """``routings`` routings of M tokens, each with both GEMMs' cases and an empty reference
     cache (the ``draws`` :func:`joint_times` scores configs over), and the experts each hits."""
@@ -371,9 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--routings",
-        type=int,
+        type=_routings_arg,
         default=1,
-        help="routings drawn per M; a config's time is the sum over them",
+        help="routings drawn per M, or auto (routings_for); a config's time is the sum over them",
     )
     parser.add_argument(
         "--resume",
@@ -440,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"stopped after {args.stop_after:.0f} s; the rest runs with --resume")
                     return 3
                 gen = case_generator(args.seed, shape_name, quant, M)
-                draws, hit = draw_routings(shape, quant, M, args.routings, gen)
+                count = routings_for(shape, M) if args.routings == "auto" else args.routings
+                draws, hit = draw_routings(shape, quant, M, count, gen)
                 if earlier is None:
                     pool = candidates(quant, M, shape)
                 else:
@@ -468,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                         "shape": shape_name,
                         "quant": quant,
                         "M": M,
-                        "experts_hit": hit[0] if args.routings == 1 else hit,
+                        "experts_hit": hit[0] if count == 1 else hit,
                         "dispatch": own,
                         **({"peers": peers} if peer_variants else {}),
                         "best": winner,

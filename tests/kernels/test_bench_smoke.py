@@ -535,6 +535,24 @@ def test_tune_resumes_a_cut_short_search_on_the_routings_it_would_have_drawn(
         tune.main([*args[:-1], "8", "--M", "1,2", "--resume", "--out", str(cut)])
 
 
+def test_tune_draws_auto_routings_per_m_and_refuses_other_words(
+    release_trees, tmp_path, monkeypatch
+):
+    tune = _small_search(monkeypatch)
+    monkeypatch.setattr(tune, "routings_for", lambda shape, M: 3 if M == 2 else 1)
+    out = tmp_path / "auto.json"
+    args = [f"--tree=x={release_trees('0.21.0+moe')}", "--shape", "tiny-smoke-test"]
+    args += ["--quant", "tensor", "--M", "1,2", "--routings", "auto", "--out", str(out)]
+    assert tune.main(args) == 0
+    report = json.loads(out.read_text())
+    one, two = report["results"]
+    assert isinstance(one["experts_hit"], int) and len(two["experts_hit"]) == 3
+    assert all(len(t["per_routing"]) == 3 for t in two["all"])
+    for word in ("some", "0"):
+        with pytest.raises(SystemExit):
+            tune.main([*args[:-4], "--routings", word, "--out", str(out)])
+
+
 def test_tune_spreads_shapes_and_quantisations_over_gpus(release_trees, tmp_path, monkeypatch):
     """``tune --gpus``: a process per shape and quantisation (here re-timing an earlier
     search's best, as a seeded search on a GPU does), merged into ``--out``."""
