@@ -27,13 +27,10 @@ import collections
 import json
 import math
 import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from moe_kernels.launch import SHARED_MEMORY_RESERVED_PER_PROGRAM, SM90_SHARED_MEMORY_PER_SM
+from moe_kernels import sm90
 from moe_kernels.measure import SHAPES, command_line, gemm_dims
 from moe_kernels.tune import launch_programs
 
@@ -44,20 +41,10 @@ SEARCHES = (
     PROVENANCE / "h200-tune-peers-0.21.json",
 )
 SM_COUNT = 132  # an H200's, the GPU the searches ran on
-REGISTERS_PER_SM = 65536
-THREADS_PER_SM = 2048
-
-
-def programs_per_sm(shared_bytes: int, registers: int = 0, num_warps: int = 4) -> int:
-    """Programs of one launch an SM90 SM holds at once."""
-    threads = num_warps * 32
-    by_shared = SM90_SHARED_MEMORY_PER_SM // (shared_bytes + SHARED_MEMORY_RESERVED_PER_PROGRAM)
-    by_registers = REGISTERS_PER_SM // (registers * threads) if registers else by_shared
-    return min(by_shared, by_registers, THREADS_PER_SM // threads)
 
 
 def resident(programs: int, stages: int, stage_bytes: int) -> bool:
-    return programs <= programs_per_sm(stages * stage_bytes) * SM_COUNT
+    return programs <= sm90.programs_per_sm(stages * stage_bytes) * SM_COUNT
 
 
 def stage_pairs(searches) -> list[dict]:
@@ -144,10 +131,7 @@ def pairs_markdown(pairs: list[dict], searches) -> str:
 
 def compile_for_sm90(loaded, swap: bool, block_n: int, stages: int, block: bool) -> tuple[int, int]:
     """(registers per thread, shared bytes) of the tree's kernel at a 16 x block_n x 128 tile."""
-    import triton
     import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     pointers = {
         "a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "b_bias_ptr": "*bf16",
@@ -165,29 +149,13 @@ def compile_for_sm90(loaded, swap: bool, block_n: int, stages: int, block: bool)
         "stride_ak": 1, "stride_bk": 1, "stride_cn": 1,
     }  # fmt: skip
     unspecialised = set(loaded.decorator_kwargs.get("do_not_specialize", ()))
-    signature, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(loaded.param_names):
-        if name in constants:
-            signature[name], constexprs[(i,)] = "constexpr", constants[name]
-        else:
-            signature[name] = pointers.get(name, "i32")
-            if name not in unspecialised:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    compiled = triton.compile(
-        ASTSource(loaded.kernel, signature, constexprs, attrs),
-        target=GPUTarget("cuda", 90, 64),
-        options={"num_warps": 4, "num_stages": stages},
+    signature = {
+        name: pointers.get(name, "i32") for name in loaded.param_names if name not in constants
+    }
+    built = sm90.build(
+        loaded.kernel, signature, constants, set(signature) - unspecialised, 4, stages
     )
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.TemporaryDirectory() as scratch:
-        cubin = Path(scratch) / "kernel.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        usage = subprocess.run(
-            [str(cuobjdump), "--dump-resource-usage", str(cubin)],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-    registers = int(re.search(r"REG:(\d+)", usage).group(1))
-    return registers, compiled.metadata.shared
+    return built.registers, built.shared
 
 
 def occupancy_markdown(tree: Path, command: str) -> str:
@@ -209,7 +177,7 @@ def occupancy_markdown(tree: Path, command: str) -> str:
         for block_n, stages in ((64, 3), (64, 4), (128, 3), (128, 4)):
             for swap in swaps:
                 registers, shared = compile_for_sm90(loaded, swap, block_n, stages, block)
-                per_sm = programs_per_sm(shared, registers)
+                per_sm = sm90.programs_per_sm(shared, registers)
                 lines.append(
                     f"| {'block' if block else 'tensor'} | {block_n} | {stages} | {swap} | "
                     f"{registers} | {shared} | {per_sm} | {per_sm * SM_COUNT} |"

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from moe_kernels import sm90
 from moe_kernels.launch import patched_resident_depth
 from studies import resident_depth
 
@@ -67,7 +68,7 @@ def test_a_swapped_tile_takes_the_shared_memory_the_rule_counts(release_trees, t
         counted = int(stages) * (16 + int(block_n)) * 128
         # block scales add a few hundred bytes, well inside the per-program reserve
         assert 0 <= int(shared) - counted <= (1024 if scales == "block" else 0)
-        assert int(per_sm) == resident_depth.programs_per_sm(counted)
+        assert int(per_sm) == sm90.programs_per_sm(counted)
     # the case behind the rule: four stages of 16 x 64 tiles hold 660 programs, three 924
     by = {(r[0], r[1], r[2], r[3]): r for r in rows}
     assert int(by[("tensor", "64", "4", "True")][7]) == 660

@@ -5,6 +5,10 @@ beside a tree's own kernel."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from moe_kernels.measure import FP8_ERROR_BOUND, Shape, make_case, make_weights
@@ -15,16 +19,20 @@ from studies import stream_n
 SHORT_K = Shape("short-k-test", 8, 2, 192, 160)
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
 @pytest.mark.parametrize("quant", ["tensor", "block"])
 @pytest.mark.parametrize("gemm", ["down", "up"])
-def test_every_tile_count_and_width_computes_the_gemm(gen, quant, gemm):
+@pytest.mark.parametrize("loop", ["unrolled", "flat"])
+def test_every_tile_count_and_width_computes_the_gemm(gen, quant, gemm, loop):
     weights = make_weights(SHORT_K, gemm, quant, gen)
     case = make_case(SHORT_K, gemm, quant, 3, gen)
     refs: dict = {}
     for n_tiles in (1, 2, 4):
         for block_n in (64, 128):
             config = {"BLOCK_SIZE_M": 8, "BLOCK_SIZE_N": block_n, "N_TILES": n_tiles,
-                      "num_stages": 2, "num_warps": 4}  # fmt: skip
+                      "LOOP": loop, "num_stages": 2, "num_warps": 4}  # fmt: skip
             row, call, launches = stream_n.checked_stream_n(case, weights, refs, config, None)
             assert row["correct"], (config, row["rel_error"])
             assert max(row["rel_error"]) < FP8_ERROR_BOUND and launches == 1
@@ -43,15 +51,14 @@ def test_an_unwritten_tile_fails_the_check(gen, monkeypatch):
         return real(a, b) - (1 if (a, b) == (case["N"], 64) else 0)
 
     monkeypatch.setattr(stream_n.triton, "cdiv", one_short)
-    config = {"BLOCK_SIZE_M": 8, "BLOCK_SIZE_N": 64, "N_TILES": 1, "num_stages": 2, "num_warps": 4}
+    config = {"BLOCK_SIZE_M": 8, "BLOCK_SIZE_N": 64, "N_TILES": 1, "LOOP": "flat",
+              "num_stages": 2, "num_warps": 4}  # fmt: skip
     row, _, _ = stream_n.checked_stream_n(case, weights, {}, config, None)
     assert not row["correct"]
 
 
 def test_the_study_times_the_sweep_beside_a_trees_kernel(release_trees, tmp_path, monkeypatch):
-    monkeypatch.setattr(stream_n, "N_TILES", (1, 2))
-    monkeypatch.setattr(stream_n, "TILE_N", (64,))
-    monkeypatch.setattr(stream_n, "STAGES", (2,))
+    monkeypatch.setattr(stream_n, "SWEEP", [("unrolled", 1, 64, 2), ("flat", 2, 64, 3)])
     out = tmp_path / "stream-n.json"
     tree = release_trees("0.33.0+moe")
     argv = [f"--tree=0.33.0+moe={tree}", "--shape", "tiny-smoke-test", "--quant", "block"]
@@ -60,4 +67,67 @@ def test_the_study_times_the_sweep_beside_a_trees_kernel(release_trees, tmp_path
     rows = json.loads(out.read_text())["rows"]
     assert [r["variant"] for r in rows] == ["0.33.0+moe", "stream-n", "stream-n"]
     assert all(r["correct"] and r["us"] > 0 for r in rows)
-    assert [r["config"].get("N_TILES") for r in rows[1:]] == [1, 2]
+    assert [(r["config"]["LOOP"], r["config"]["N_TILES"]) for r in rows[1:]] == [
+        ("unrolled", 1),
+        ("flat", 2),
+    ]
+
+
+# What the pipeliner buffers per stage, from builds for SM90 without a GPU (in a process of
+# their own: the interpreter this suite runs under cannot build).  Unrolled, a stage holds a
+# tile's whole K; flat, one 128-deep K step; both the weight tile and the token tile.
+BUILD_SCRIPT = """
+import json, sys
+from studies import stream_n
+out = []
+for loop, tiles, width, stages, k in json.loads(sys.argv[1]):
+    config = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": width, "N_TILES": tiles, "LOOP": loop,
+              "num_stages": stages, "num_warps": 4}
+    built = stream_n.sm90_build(config, True, k)
+    out.append([built.shared, built.registers, built.ttgir.count("scf.for")])
+print(json.dumps(out))
+"""
+
+
+def test_each_loop_form_buffers_what_the_sweep_assumes():
+    builds = [
+        ("unrolled", 4, 64, 3, 384),
+        ("unrolled", 4, 64, 2, 256),
+        ("flat", 4, 64, 3, 384),
+        ("flat", 8, 128, 4, 256),
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "kernels"), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", BUILD_SCRIPT, json.dumps(builds)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if done.returncode and "ptxas" in done.stderr:
+        pytest.skip(f"Triton cannot compile for SM90 here: {done.stderr.strip()[-200:]}")
+    assert done.returncode == 0, done.stderr
+    for (loop, _, width, stages, k), (shared, registers, loops) in zip(
+        builds, json.loads(done.stdout), strict=True
+    ):
+        steps = -(-k // 128) if loop == "unrolled" else 1
+        buffered = stages * steps * (width + 16) * 128
+        # block scales and the barriers add a few KB at most
+        assert buffered <= shared <= buffered + 4096, (loop, width, stages, k, shared)
+        assert 0 < registers <= 255
+        # unrolled: the loop over tiles alone; flat: the fused loop beside the nest it
+        # replaces where the K loop could run no step
+        assert loops == (1 if loop == "unrolled" else 2)
+
+
+def test_the_committed_builds_are_the_sweeps():
+    """results/short-k/sm90-stream-n-builds.md lists every config of SWEEP (two K each):
+    regenerate it with ``--builds`` when the sweep changes."""
+    table = ROOT / "kernels" / "results" / "short-k" / "sm90-stream-n-builds.md"
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in table.read_text().splitlines()
+        if line.startswith("| unrolled") or line.startswith("| flat")
+    ]
+    listed = [(r[0], int(r[1]), int(r[2]), int(r[3])) for r in rows]
+    assert listed == [config for config in stream_n.SWEEP for _ in (256, 384)]
+    # the reason unrolled tiles stay 64 wide: nowhere more than three programs per SM at K = 384
+    assert all(int(r[7]) <= 3 for r in rows if r[0] == "unrolled" and r[4] == "384" and r[1] != "1")
