@@ -41,6 +41,23 @@ def test_every_tile_count_and_width_computes_the_gemm(gen, quant, gemm, loop):
             call()
 
 
+@pytest.mark.parametrize("quant", ["tensor", "block"])
+@pytest.mark.parametrize("gemm", ["down", "up"])
+def test_the_persistent_grid_walks_every_pair(gen, quant, gemm):
+    """Three programs (the interpreter's persistent grid) walk all (row block, weight tile)
+    pairs with a stride of three, crossing row blocks and experts."""
+    weights = make_weights(SHORT_K, gemm, quant, gen)
+    case = make_case(SHORT_K, gemm, quant, 3, gen)
+    refs: dict = {}
+    for block_n in (64, 128):
+        config = {"BLOCK_SIZE_M": 8, "BLOCK_SIZE_N": block_n, "N_TILES": 0,
+                  "LOOP": "persistent", "num_stages": 3, "num_warps": 4}  # fmt: skip
+        row, call, _ = stream_n.checked_stream_n(case, weights, refs, config, None)
+        assert row["correct"], (config, row["rel_error"])
+        assert row["grid"] == [stream_n.INTERPRETER_PROGRAMS]
+        call()
+
+
 def test_an_unwritten_tile_fails_the_check(gen, monkeypatch):
     """The check is not vacuous: a grid one program short leaves NaN rows, which fail."""
     weights = make_weights(SHORT_K, "down", "tensor", gen)
@@ -58,19 +75,42 @@ def test_an_unwritten_tile_fails_the_check(gen, monkeypatch):
 
 
 def test_the_study_times_the_sweep_beside_a_trees_kernel(release_trees, tmp_path, monkeypatch):
-    monkeypatch.setattr(stream_n, "SWEEP", [("unrolled", 1, 64, 2), ("flat", 2, 64, 3)])
+    sweep = [("unrolled", 1, 64, 2), ("flat", 2, 64, 3), ("persistent", 0, 64, 3)]
+    monkeypatch.setattr(stream_n, "SWEEP", sweep)
     out = tmp_path / "stream-n.json"
     tree = release_trees("0.33.0+moe")
     argv = [f"--tree=0.33.0+moe={tree}", "--shape", "tiny-smoke-test", "--quant", "block"]
     argv += ["--M", "2", "--routings", "1", "--replays", "2", "--out", str(out)]
     assert stream_n.main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["variant"] for r in rows] == ["0.33.0+moe", "stream-n", "stream-n"]
+    assert [r["variant"] for r in rows] == ["0.33.0+moe"] + ["stream-n"] * 3
     assert all(r["correct"] and r["us"] > 0 for r in rows)
     assert [(r["config"]["LOOP"], r["config"]["N_TILES"]) for r in rows[1:]] == [
         ("unrolled", 1),
         ("flat", 2),
+        ("persistent", 0),
     ]
+
+
+def test_a_config_that_fails_is_recorded_and_fails_the_run(release_trees, tmp_path, monkeypatch):
+    monkeypatch.setattr(stream_n, "SWEEP", [("flat", 2, 64, 3), ("persistent", 0, 64, 3)])
+    real = stream_n.checked_stream_n
+
+    def persistent_breaks(case, weights_q, refs, config, graph_us):
+        if config["LOOP"] == "persistent":
+            raise RuntimeError("no launcher for this build")
+        return real(case, weights_q, refs, config, graph_us)
+
+    monkeypatch.setattr(stream_n, "checked_stream_n", persistent_breaks)
+    out = tmp_path / "stream-n.json"
+    tree = release_trees("0.33.0+moe")
+    argv = [f"--tree=0.33.0+moe={tree}", "--shape", "tiny-smoke-test", "--quant", "tensor"]
+    argv += ["--M", "2", "--routings", "1", "--replays", "2", "--out", str(out)]
+    assert stream_n.main(argv) == 1
+    report = json.loads(out.read_text())
+    assert [r["config"].get("LOOP") for r in report["rows"]] == [None, "flat"]
+    assert [(f["M"], f["config"]["LOOP"]) for f in report["failed"]] == [(2, "persistent")]
+    assert "no launcher for this build" in report["failed"][0]["error"]
 
 
 # What the pipeliner buffers per stage, from builds for SM90 without a GPU (in a process of
@@ -95,6 +135,7 @@ def test_each_loop_form_buffers_what_the_sweep_assumes():
         ("unrolled", 4, 64, 2, 256),
         ("flat", 4, 64, 3, 384),
         ("flat", 8, 128, 4, 256),
+        ("persistent", 0, 64, 3, 384),
     ]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "kernels"), env.get("PYTHONPATH", "")])
@@ -113,8 +154,8 @@ def test_each_loop_form_buffers_what_the_sweep_assumes():
         # block scales and the barriers add a few KB at most
         assert buffered <= shared <= buffered + 4096, (loop, width, stages, k, shared)
         assert 0 < registers <= 255
-        # unrolled: the loop over tiles alone; flat: the fused loop beside the nest it
-        # replaces where the K loop could run no step
+        # unrolled: the loop over tiles alone; flat and persistent: the fused loop beside
+        # the nest it replaces where the K loop could run no step
         assert loops == (1 if loop == "unrolled" else 2)
 
 
@@ -125,9 +166,9 @@ def test_the_committed_builds_are_the_sweeps():
     rows = [
         [cell.strip() for cell in line.strip("|").split("|")]
         for line in table.read_text().splitlines()
-        if line.startswith("| unrolled") or line.startswith("| flat")
+        if line.startswith(("| unrolled", "| flat", "| persistent"))
     ]
-    listed = [(r[0], int(r[1]), int(r[2]), int(r[3])) for r in rows]
+    listed = [(r[0], 0 if r[1] == "grid stride" else int(r[1]), int(r[2]), int(r[3])) for r in rows]
     assert listed == [config for config in stream_n.SWEEP for _ in (256, 384)]
     # the reason unrolled tiles stay 64 wide: nowhere more than three programs per SM at K = 384
     assert all(int(r[7]) <= 3 for r in rows if r[0] == "unrolled" and r[4] == "384" and r[1] != "1")
