@@ -19,13 +19,13 @@ A one-off study, not part of the installed package; from the repository root:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from statistics import geometric_mean
 
 from moe_kernels.configs import as_launch, chosen
 from moe_kernels.measure import CAPTURE_SIZES
+from moe_kernels.resultfile import read_report
 
 from studies import emit
 
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--series", default="0.20", help="the series the tables belong to")
     args = parser.parse_args(argv)
     releases = tuple(args.release or RELEASES)
-    runs = [json.loads(p.read_text()) for p in args.runs]
+    runs = [read_report(p) for p in args.runs]
     found = cells(runs, args.before, releases)
     text = markdown([p.name for p in args.runs], found, args.before, releases, args.series)
     emit(text, args.out)

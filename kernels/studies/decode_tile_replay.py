@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 from pathlib import Path
 from statistics import geometric_mean
@@ -35,6 +34,7 @@ from moe_kernels.dispatch import config_for
 from moe_kernels.launch import patched_pipeline_depth, patched_resident_depth, patched_split_k
 from moe_kernels.loader import CPU_SM_COUNT, load_fused_moe_kernel
 from moe_kernels.measure import SHAPES, gemm_dims
+from moe_kernels.resultfile import read_report
 from moe_kernels.tune import launched_rows
 
 from studies import emit
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     label, _, path = args.tree.rpartition("=")
-    runs = [json.loads(p.read_text()) for p in args.runs]
+    runs = [read_report(p) for p in args.runs]
     text = markdown(label or path, [p.name for p in args.runs], replay(Path(path), runs))
     emit(text, args.out)
     return 0

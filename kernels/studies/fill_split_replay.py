@@ -19,13 +19,13 @@ A one-off study, not part of the installed package; from the repository root:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 from statistics import geometric_mean
 
 from moe_kernels.measure import SHAPES
+from moe_kernels.resultfile import read_report
 from moe_kernels.tune import launch_programs
 
 from studies import emit
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("bench", type=Path, help="moe_kernels.bench JSON with +offer trees")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    emit(report(json.loads(args.bench.read_text())), args.out)
+    emit(report(read_report(args.bench)), args.out)
     return 0
 
 

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import math
 import sys
 from pathlib import Path
 
 from moe_kernels.launch import patched_pipeline_depth, patched_resident_depth
 from moe_kernels.measure import SHAPES, gemm_dims
+from moe_kernels.resultfile import read_report
 from moe_kernels.tune import launch_programs
 
 SM_COUNT = 132  # an H200's, the GPU the runs were made on
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    runs = [json.loads(Path(f).read_text()) for f in args.runs]
+    runs = [read_report(Path(f)) for f in args.runs]
     for name, run in zip(args.runs, runs, strict=True):
         labels = {row["variant"] for row in run["rows"]}
         missing = [label for label in (args.new, args.old) if label not in labels]

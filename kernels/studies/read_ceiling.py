@@ -47,6 +47,7 @@ from moe_kernels.measure import (
     record_header,
     sm_count,
 )
+from moe_kernels.resultfile import read_report
 
 # The sweep: programs per SM, int32 words each program loads per step, and
 # whether a program reads one contiguous slice or strides over the whole buffer.
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if DEVICE == "cpu":
         interpreter_compat.apply()
-    bench = json.loads(args.bench.read_text())
+    bench = read_report(args.bench)
     bandwidth = measure_bandwidth()
     rows = ceiling_rows(bench, args.variant, args.max_m, bandwidth)
     report = {

@@ -18,11 +18,12 @@ A one-off study, not part of the installed package; from the repository root:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 from statistics import geometric_mean, median
+
+from moe_kernels.resultfile import read_report
 
 from studies import emit
 
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", action="append", default=None, help="(repeatable)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    runs = {str(path): json.loads(path.read_text()) for path in args.runs}
+    runs = {str(path): read_report(path) for path in args.runs}
     emit(report(runs, args.series, args.reference or ["0.21.0", "0.33.0"]), args.out)
     return 0
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import math
 import os
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from moe_kernels import sm90
 from moe_kernels.measure import SHAPES, command_line, gemm_dims
+from moe_kernels.resultfile import read_report
 from moe_kernels.tune import launch_programs
 
 PROVENANCE = Path(__file__).resolve().parents[1] / "results" / "provenance"
@@ -51,7 +51,7 @@ def stage_pairs(searches) -> list[dict]:
     """Three- against four-stage timings of one swapped tile, per GEMM of a search cell."""
     pairs = []
     for path in searches:
-        for cell in json.loads(Path(path).read_text())["results"]:
+        for cell in read_report(Path(path))["results"]:
             shape, M, block = SHAPES[cell["shape"]], cell["M"], cell["quant"] == "block"
             by_tile: dict[tuple, dict[int, dict]] = collections.defaultdict(dict)
             for timed in cell["all"]:

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import math
 import sys
 from pathlib import Path
 
 from moe_kernels.launch import patched_split_k
 from moe_kernels.measure import SHAPES, gemm_dims
+from moe_kernels.resultfile import read_report
 from moe_kernels.tune import launch_programs
 
 GRID_BELOW_SMS = "0.21.0+moe"  # the tree whose split_k_for splits grids below the SM count
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    rows = [row for run in args.runs for row in json.loads(run.read_text())["rows"]]
+    rows = [row for run in args.runs for row in read_report(run)["rows"]]
     cases, changed = replay(rows)
     args.out.write_text(markdown([str(r) for r in args.runs], cases, changed))
     print(args.out.read_text())

@@ -16,10 +16,10 @@ A one-off study, not part of the installed package; from the repository root:
 from __future__ import annotations
 
 import collections
-import json
 import sys
 from pathlib import Path
 
+from moe_kernels.resultfile import read_report
 from moe_kernels.tune import launch_programs
 
 from studies.resident_depth import (
@@ -37,7 +37,7 @@ def width_pairs(searches) -> list[dict]:
     """Time at 128 over time at 64 of one swapped tile, per GEMM of a search cell."""
     pairs = []
     for path in searches:
-        for cell in json.loads(Path(path).read_text())["results"]:
+        for cell in read_report(Path(path))["results"]:
             shape, M = SHAPES[cell["shape"]], cell["M"]
             by_rest: dict[tuple, dict[int, dict]] = collections.defaultdict(dict)
             for timed in cell["all"]:

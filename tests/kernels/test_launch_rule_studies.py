@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from moe_kernels import sm90
 from moe_kernels.launch import patched_resident_depth
+from moe_kernels.resultfile import read_report
 from studies import resident_depth
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,25 +104,24 @@ def test_committed_rule_effects_are_the_studys_and_back_the_rules():
     """The out-of-sample H200 run: every launch the split gate or resident_depth_for
     changed got faster, and the narrow-tile default leaves no block case of the untuned
     models below 0.98x of 0.21.0."""
-    import json
 
     from studies import launch_rule_effects as effects
 
     names = [
-        "h200-launch-rules-bench.json",
-        "h200-launch-rules-layer-bench.json",
-        "h200-launch-rules-tuned-layer-bench.json",
+        "h200-launch-rules-bench.json.gz",
+        "h200-launch-rules-layer-bench.json.gz",
+        "h200-launch-rules-tuned-layer-bench.json.gz",
     ]
-    runs = [json.loads((LAUNCH_RULES / n).read_text()) for n in names]
+    runs = [read_report(LAUNCH_RULES / n) for n in names]
     committed = (LAUNCH_RULES / "h200-launch-rules-effects.md").read_text()
     assert committed == effects.markdown(names, "0.21.0+moe", "0.21.0+s20", runs)
     groups = effects.rule_effects(runs[0]["rows"], "0.21.0+moe", "0.21.0+s20")
     for rule in ("split", "launch depth"):
         assert groups[rule] and min(e["ratio"] for e in groups[rule]) > 1.0, rule
 
-    tile = json.loads((LAUNCH_RULES / "h200-decode-tile-bench.json").read_text())
+    tile = read_report(LAUNCH_RULES / "h200-decode-tile-bench.json.gz")
     committed = (LAUNCH_RULES / "h200-decode-tile-effects.md").read_text()
-    name = "h200-decode-tile-bench.json"
+    name = "h200-decode-tile-bench.json.gz"
     assert committed == effects.markdown([name], "0.21.0+moe", "0.21.0+s21", [tile], True)
     versus = {(c["patched"], c["release"]): c for c in effects.against_releases(tile["rows"])}
     assert versus[("0.21.0+moe", "0.21.0")]["below"] == []
@@ -164,12 +164,11 @@ def test_committed_decode_tile_replay_is_the_studys_and_backs_the_default(releas
     """default_config_decode_tile replayed on the launch-rules runs' times: the committed
     report is what the study makes of the series' tree, and its numbers are those the
     swap-ab patch message quotes."""
-    import json
 
     from studies import decode_tile_replay as replay
 
-    names = ["h200-launch-rules-bench.json", "h200-decode-tile-bench.json"]
-    runs = [json.loads((LAUNCH_RULES / n).read_text()) for n in names]
+    names = ["h200-launch-rules-bench.json.gz", "h200-decode-tile-bench.json.gz"]
+    runs = [read_report(LAUNCH_RULES / n) for n in names]
     cases = replay.replay(release_trees("0.21.0+moe"), runs)
     committed = (LAUNCH_RULES / "h200-decode-tile-replay.md").read_text()
     assert committed == replay.markdown("0.21.0+moe", names, cases)
@@ -187,11 +186,10 @@ def test_committed_decode_tile_replay_is_the_studys_and_backs_the_default(releas
 def test_the_decode_tile_replay_derives_the_splits_the_series_launched():
     """The study's launch arithmetic (grid, the series' split rule) gives every block-FP8
     launch the series variant of the second run made the K split it recorded."""
-    import json
 
     from studies import decode_tile_replay as replay
 
-    run = json.loads((LAUNCH_RULES / "h200-decode-tile-bench.json").read_text())
+    run = read_report(LAUNCH_RULES / "h200-decode-tile-bench.json.gz")
     rows = [r for r in run["rows"] if r["variant"] == replay.SERIES and r["quant"] == "block"]
     assert rows
     for row in rows:  # every launch the study derives for the measured config is the row's own
@@ -205,12 +203,11 @@ def test_committed_out_of_sample_run_backs_the_per_launch_narrow_tile():
     """The H200 run made after the rule (seed 1903, never seen by it): the series is below
     0.98x of 0.33.0 in no GEMM or layer case and of 0.21.0 in one GEMM case, where the
     series before it was below 0.33.0 in 23 GEMM and 5 layer cases."""
-    import json
 
     from studies import launch_rule_effects as effects
 
-    names = ["h200-decode-tile-oos-bench.json", "h200-decode-tile-oos-layer-bench.json"]
-    runs = [json.loads((LAUNCH_RULES / n).read_text()) for n in names]
+    names = ["h200-decode-tile-oos-bench.json.gz", "h200-decode-tile-oos-layer-bench.json.gz"]
+    runs = [read_report(LAUNCH_RULES / n) for n in names]
     committed = (LAUNCH_RULES / "h200-decode-tile-oos-effects.md").read_text()
     assert committed == effects.markdown(names, "0.21.0+moe", "0.21.0+s22", runs, True)
     assert all(row["correct"] for run in runs for row in run["rows"])
@@ -234,11 +231,10 @@ def test_committed_fill_split_replay_is_the_studys_and_backs_the_rule():
     """The H200 run behind split_k_to_fill: every split the shipped rule makes of an entry
     vLLM ships was faster, and every split it declines (uneven grids, a 64-row tile) was
     slower in the trial that offered them."""
-    import json
 
     from studies import fill_split_replay as replay
 
-    bench = json.loads((LAUNCH_RULES / "h200-fill-split-bench.json").read_text())
+    bench = read_report(LAUNCH_RULES / "h200-fill-split-bench.json.gz")
     committed = (LAUNCH_RULES / "h200-fill-split-replay.md").read_text()
     assert committed == replay.report(bench)
     sm_count = bench["environment"]["sm_count"]
@@ -280,16 +276,15 @@ def test_committed_replay_spread_is_the_studys_and_clears_the_capture_size_losse
     that run's replays spread (a quarter of its measurements by more than 2%, where steady
     runs have under 1%), and by a low quantile of the replays each is level; a real loss
     (a steady run's) stays a loss by either statistic."""
-    import json
 
     from studies import replay_spread as study
 
     names = [
-        "kernels/results/capture-sizes/h200-capture-sizes-oos-bench.json",
-        "kernels/results/launch-rules/h200-decode-tile-oos-bench.json",
-        "kernels/results/launch-rules/h200-fill-split-bench.json",
+        "kernels/results/capture-sizes/h200-capture-sizes-oos-bench.json.gz",
+        "kernels/results/launch-rules/h200-decode-tile-oos-bench.json.gz",
+        "kernels/results/launch-rules/h200-fill-split-bench.json.gz",
     ]
-    runs = {name: json.loads((ROOT / name).read_text()) for name in names}
+    runs = {name: read_report(ROOT / name) for name in names}
     committed = (CAPTURE_SIZES / "h200-capture-sizes-oos-spread.md").read_text()
     assert committed == study.report(runs, "0.21.0+moe", ["0.21.0", "0.33.0"])
 

@@ -7,15 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from moe_kernels.resultfile import read_report
 from studies import split_rule_replay
 
 RESULTS = Path(__file__).resolve().parents[2] / "kernels" / "results" / "untuned"
-RUNS = [RESULTS / "h200-untuned-bench.json", RESULTS / "h200-untuned-between-bench.json"]
+RUNS = [RESULTS / "h200-untuned-bench.json.gz", RESULTS / "h200-untuned-between-bench.json.gz"]
 
 
 @pytest.fixture(scope="module")
 def replayed():
-    rows = [row for run in RUNS for row in split_rule_replay.json.loads(run.read_text())["rows"]]
+    rows = [row for run in RUNS for row in read_report(run)["rows"]]
     return split_rule_replay.replay(rows)
 
 
