@@ -281,13 +281,19 @@ def persistent_moe_kernel(
         )  # fmt: skip
 
 
-def stream_n_config_sweep(M: int) -> list[dict]:
-    """The configs the study times at M tokens."""
+# An unrolled stage holds a tile's whole K: past four 128-deep steps (four stages of a 16 x 64
+# tile hold 160 KB) a program alone fills an SM, so a longer K is not unrolled.
+UNROLL_MAX_STEPS = 4
+
+
+def stream_n_config_sweep(M: int, K: int) -> list[dict]:
+    """The configs the study times at M tokens and depth K."""
     block_m = 8 if M <= 8 else 16
     return [
         {"BLOCK_SIZE_M": block_m, "BLOCK_SIZE_N": width, "N_TILES": tiles, "LOOP": loop,
          "num_stages": stages, "num_warps": 4}
         for loop, tiles, width, stages in SWEEP
+        if loop != "unrolled" or triton.cdiv(K, BLOCK_K) <= UNROLL_MAX_STEPS
     ]  # fmt: skip
 
 
@@ -509,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
             checked = [
                 checked_variant(v, case, weights_q, refs, graph_us=args.graph_us) for v in trees
             ]
-            for config in stream_n_config_sweep(M):
+            for config in stream_n_config_sweep(M, case["a_q"].size(1)):
                 try:
                     checked.append(checked_stream_n(case, weights_q, refs, config, args.graph_us))
                 except (OutOfResources, CompilationError):  # too big for the SM's memory

@@ -172,3 +172,12 @@ def test_the_committed_builds_are_the_sweeps():
     assert listed == [config for config in stream_n.SWEEP for _ in (256, 384)]
     # the reason unrolled tiles stay 64 wide: nowhere more than three programs per SM at K = 384
     assert all(int(r[7]) <= 3 for r in rows if r[0] == "unrolled" and r[4] == "384" and r[1] != "1")
+
+
+def test_a_long_k_is_not_unrolled():
+    """Past UNROLL_MAX_STEPS an unrolled stage would not fit beside another program."""
+    loops = {c["LOOP"] for c in stream_n.stream_n_config_sweep(16, 3072)}
+    assert loops == {"flat", "persistent"}
+    short = stream_n.stream_n_config_sweep(16, 384)
+    assert len(short) == len(stream_n.SWEEP) and {c["BLOCK_SIZE_M"] for c in short} == {16}
+    assert {c["BLOCK_SIZE_M"] for c in stream_n.stream_n_config_sweep(8, 384)} == {8}
