@@ -67,6 +67,7 @@ from moe_kernels.measure import (
     reference,
     write_report,
 )
+from moe_kernels.resultfile import markdown_path, read_report
 from moe_kernels.stats import rel_frobenius_error
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
@@ -468,8 +469,109 @@ def builds_markdown(command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _stream_key(config: dict) -> tuple:
+    """A sweep entry of a row's config: (loop, tiles per program, width, stages)."""
+    return (config["LOOP"], config["N_TILES"], config["BLOCK_SIZE_N"], config["num_stages"])
+
+
+def _name(key: tuple) -> str:
+    loop, tiles, width, stages = key
+    return f"{loop} {tiles or 'stride'}x{width} s{stages}"
+
+
+def summary_markdown(report: dict, source: str) -> str:
+    """What a timed sweep found: per case (geometric mean over its routings) each tree's
+    time and each loop form's fastest config against the fastest tree, then per sweep entry
+    its geometric mean over every case, the rule a launcher could take."""
+    times: dict[tuple, dict] = {}
+    floors: dict[tuple, dict] = {}
+    for row in report["rows"]:
+        if not row["correct"]:
+            continue
+        case = (row["shape"], row["gemm"], row["quant"], row["M"])
+        variant = _stream_key(row["config"]) if row["variant"] == "stream-n" else row["variant"]
+        times.setdefault(case, {}).setdefault(variant, []).append(row["us"])
+        if "fraction_of_floor" in row:
+            floors.setdefault(case, {}).setdefault(variant, []).append(
+                row["us"] * row["fraction_of_floor"]
+            )
+    env = report.get("environment", {})
+    lines = [
+        f"# Weight tiles streamed per program, from `{source}`",
+        "",
+        f"Made by `{report.get('command', '?')}` on {env.get('gpu', '?')} (torch "
+        f"{env.get('torch', '?')}, Triton {env.get('triton', '?')}), series "
+        f"{report.get('series_version', '?')}. Rows: {len(report['rows'])}, "
+        f"{sum(not r['correct'] for r in report['rows'])} incorrect (left out), "
+        f"{len(report.get('failed', []))} configs failed. Per case the geometric mean over its "
+        "routings; a form's column is its fastest config; speed-up = fastest tree / fastest stream.",
+        "",
+    ]
+    trees = sorted({v for case in times.values() for v in case if isinstance(v, str)})
+    forms = [f for f in ("unrolled", "flat", "persistent")
+             if any(k[0] == f for case in times.values() for k in case if isinstance(k, tuple))]  # fmt: skip
+    lines += [
+        "| shape | GEMM | quant | M | "
+        + " | ".join(f"{t} µs" for t in trees)
+        + " | "
+        + " | ".join(f"{f} µs" for f in forms)
+        + " | speed-up | floor fraction "
+        "(tree → stream) | fastest stream |",
+        "|" + "---|" * (7 + len(trees) + len(forms)),
+    ]
+    by_entry: dict[tuple, list[float]] = {}
+    best_tree_of: dict[tuple, float] = {}
+    for case in sorted(times):
+        means = {v: statistics.geometric_mean(ts) for v, ts in times[case].items()}
+        tree_times = [means[t] for t in trees if t in means]
+        streams = {v: m for v, m in means.items() if isinstance(v, tuple)}
+        if not tree_times or not streams:
+            continue
+        best_tree = min(tree_times)
+        best_tree_of[case] = best_tree
+        for entry, m in streams.items():
+            by_entry.setdefault(entry, []).append(best_tree / m)
+        fastest = min(streams, key=streams.get)
+        cells = [f"{means[t]:.1f}" if t in means else "" for t in trees]
+        for form in forms:
+            own = [m for k, m in streams.items() if k[0] == form]
+            cells.append(f"{min(own):.1f}" if own else "")
+        floor = floors.get(case, {})
+        fraction = ""
+        if floor:
+            floor_us = statistics.geometric_mean(next(iter(floor.values())))
+            fraction = f"{floor_us / best_tree:.2f} → {floor_us / streams[fastest]:.2f}"
+        shape, gemm, quant, M = case
+        lines.append(
+            f"| {shape} | {gemm} | {quant} | {M} | "
+            + " | ".join(cells)
+            + f" | {best_tree / streams[fastest]:.3f} | {fraction} | {_name(fastest)} |"
+        )
+    lines += [
+        "",
+        "## Each sweep entry over every case",
+        "",
+        "Speed-up of one config everywhere over the fastest tree per case (what a launcher "
+        "would get from taking it as its rule), best first.",
+        "",
+        "| sweep entry | cases | geometric mean | slowest | fastest |",
+        "|---|---|---|---|---|",
+    ]
+    ranked = sorted(by_entry.items(), key=lambda kv: -statistics.geometric_mean(kv[1]))
+    for entry, ratios in ranked:
+        lines.append(
+            f"| {_name(entry)} | {len(ratios)} | {statistics.geometric_mean(ratios):.3f} | "
+            f"{min(ratios):.3f} | {max(ratios):.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--summarise", type=Path, metavar="RESULT.json",
+        help="write RESULT.md, what a timed sweep found, and stop",
+    )  # fmt: skip
     parser.add_argument(
         "--builds", type=Path, metavar="OUT.md",
         help="write the sweep's SM90 builds (no GPU; run without TRITON_INTERPRET) and stop",
@@ -485,6 +587,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replays", type=int, default=12)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    if args.summarise:
+        text = summary_markdown(read_report(args.summarise), args.summarise.name)
+        markdown_path(args.summarise).write_text(text)
+        return 0
     if args.builds:
         args.builds.write_text(builds_markdown(command_line("studies.stream_n", argv)))
         return 0

@@ -181,3 +181,52 @@ def test_a_long_k_is_not_unrolled():
     short = stream_n.stream_n_config_sweep(16, 384)
     assert len(short) == len(stream_n.SWEEP) and {c["BLOCK_SIZE_M"] for c in short} == {16}
     assert {c["BLOCK_SIZE_M"] for c in stream_n.stream_n_config_sweep(8, 384)} == {8}
+
+
+def _row(variant, us, M=16, routing=0, correct=True, **config):
+    row = {"shape": "s", "gemm": "down", "quant": "block", "M": M, "variant": variant,
+           "us": us, "routing": routing, "correct": correct, "fraction_of_floor": 11.0 / us}  # fmt: skip
+    if variant == "stream-n":
+        row["config"] = {"BLOCK_SIZE_M": 16, "num_warps": 4, **config}
+    return row
+
+
+def test_the_summary_ranks_forms_per_case_and_entries_over_all_cases():
+    flat = {"LOOP": "flat", "N_TILES": 4, "BLOCK_SIZE_N": 64, "num_stages": 3}
+    persistent = {"LOOP": "persistent", "N_TILES": 0, "BLOCK_SIZE_N": 64, "num_stages": 3}
+    rows = []
+    for routing, scale in ((0, 1.0), (1, 4.0)):  # geometric means over the two routings: x2
+        rows += [
+            _row("0.33.0", 20.0 * scale, routing=routing),
+            _row("0.33.0+moe", 16.0 * scale, routing=routing),
+            _row("stream-n", 12.5 * scale, routing=routing, **flat),
+            _row("stream-n", 8.0 * scale, routing=routing, **persistent),
+            _row("stream-n", 1.0, routing=routing, correct=False, **persistent),  # left out
+            _row("0.33.0", 10.0 * scale, M=64, routing=routing),
+            _row("0.33.0+moe", 10.0 * scale, M=64, routing=routing),
+            _row("stream-n", 20.0 * scale, M=64, routing=routing, **flat),
+            _row("stream-n", 12.5 * scale, M=64, routing=routing, **persistent),
+        ]
+    text = stream_n.summary_markdown({"rows": rows, "failed": [{}]}, "r.json")
+    assert "2 incorrect (left out), 1 configs failed" in text
+    # M = 16: trees 40 and 32 µs, flat 25, persistent 16: 2x over the faster tree
+    assert "| s | down | block | 16 | 40.0 | 32.0 | 25.0 | 16.0 | 2.000 |" in text
+    assert "0.34 → 0.69 | persistent stridex64 s3 |" in text  # an 11 µs floor: 11/32, 11/16
+    assert "| s | down | block | 64 | 20.0 | 20.0 | 40.0 | 25.0 | 0.800 |" in text
+    # per entry over both cases: persistent sqrt(2 x 0.8) = 1.265 first, flat sqrt(1.28 x 0.5)
+    entries = text.split("## Each sweep entry")[1]
+    assert entries.index("persistent stridex64 s3 | 2 | 1.265 | 0.800 | 2.000") < entries.index(
+        "flat 4x64 s3 | 2 | 0.800 | 0.500 | 1.280"
+    )
+
+
+def test_a_timed_sweep_summarises_to_markdown_beside_it(release_trees, tmp_path, monkeypatch):
+    monkeypatch.setattr(stream_n, "SWEEP", [("flat", 2, 64, 3)])
+    out = tmp_path / "stream-n.json"
+    tree = release_trees("0.33.0+moe")
+    argv = [f"--tree=0.33.0+moe={tree}", "--shape", "tiny-smoke-test", "--quant", "block"]
+    argv += ["--M", "2", "--routings", "1", "--replays", "2", "--out", str(out)]
+    assert stream_n.main(argv) == 0
+    assert stream_n.main(["--summarise", str(out)]) == 0
+    text = (tmp_path / "stream-n.md").read_text()
+    assert "| tiny-smoke-test | down | block | 2 |" in text and "flat 2x64 s3 | 1 |" in text
