@@ -230,3 +230,10 @@ def test_a_timed_sweep_summarises_to_markdown_beside_it(release_trees, tmp_path,
     assert stream_n.main(["--summarise", str(out)]) == 0
     text = (tmp_path / "stream-n.md").read_text()
     assert "| tiny-smoke-test | down | block | 2 |" in text and "flat 2x64 s3 | 1 |" in text
+
+
+def test_a_build_naming_a_parameter_the_kernel_lacks_is_refused():
+    from moe_kernels import sm90
+
+    with pytest.raises(TypeError, match="stream_n_moe_kernel has no parameter BLOCK_SIZE_Q"):
+        sm90.build(stream_n.stream_n_moe_kernel, {"N": "i32"}, {"BLOCK_SIZE_Q": 1}, set(), 4, 3)
