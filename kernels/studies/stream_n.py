@@ -299,6 +299,7 @@ def stream_n_config_sweep(M: int, K: int) -> list[dict]:
 
 
 def kernel_for(config: dict):
+    """The study kernel that runs ``config``'s loop form."""
     return persistent_moe_kernel if config["LOOP"] == "persistent" else stream_n_moe_kernel
 
 
@@ -351,7 +352,7 @@ def launch_stream_n(case: dict, w_q, w_scale, C, assignment, config: dict):
     the compiled kernel (the interpreter returns none)."""
     sorted_ids, expert_ids, num_post = assignment
     a_q, a_scale = case["a_q"], case["a_scale"]
-    num_experts, N, K = w_q.shape
+    _, N, K = w_q.shape
     block_m, block_n = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]
     pairs = case["ids"].numel()
     # a pair fills at most one row block at decode: no block past pairs * block_m finds work
