@@ -587,6 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graph-us", type=float, default=2000.0)
     parser.add_argument("--replays", type=int, default=12)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--resume", action="store_true", help="continue --out: time only the cases it lacks"
+    )
     args = parser.parse_args(argv)
     if args.summarise:
         text = summary_markdown(read_report(args.summarise), args.summarise.name)
@@ -602,20 +605,30 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.tree:
         label, _, path = spec.partition("=")
         trees.append(Variant(label, Path(path), load_fused_moe_kernel(Path(path))))
-    report = {
-        **record_header("studies.stream_n", argv),
-        "bandwidth": measure_bandwidth() if DEVICE == "cuda" else {},
-        "rows": [],
-        "failed": [],
-    }
+    if args.resume and args.out.exists():  # the run so far: its header, rows and failures
+        report = read_report(args.out)
+    else:
+        report = {
+            **record_header("studies.stream_n", argv),
+            "bandwidth": measure_bandwidth() if DEVICE == "cuda" else {},
+            "rows": [],
+            "failed": [],
+        }
+    done = {(r["shape"], r["quant"], r["M"], r["routing"]) for r in report["rows"]}
     read_gbps = report["bandwidth"].get("read_gbps")
     for shape_name, quant in itertools.product(args.shape, args.quant or ["block", "tensor"]):
+        todo = [
+            (M, routing_no)
+            for M in [int(m) for m in args.M.split(",")]
+            for routing_no in range(args.routings)
+            if (shape_name, quant, M, routing_no) not in done
+        ]
+        if not todo:
+            continue
         shape = SHAPES[shape_name]
         gen = case_generator(args.seed, shape_name, quant, args.gemm)
         weights_q = make_weights(shape, args.gemm, quant, gen)
-        for M, routing_no in itertools.product(
-            [int(m) for m in args.M.split(",")], range(args.routings)
-        ):
+        for M, routing_no in todo:
             gen = case_generator(args.seed, shape_name, quant, args.gemm, M, routing_no)
             case = make_case(shape, args.gemm, quant, M, gen)
             refs: dict = {}

@@ -237,3 +237,21 @@ def test_a_build_naming_a_parameter_the_kernel_lacks_is_refused():
 
     with pytest.raises(TypeError, match="stream_n_moe_kernel has no parameter BLOCK_SIZE_Q"):
         sm90.build(stream_n.stream_n_moe_kernel, {"N": "i32"}, {"BLOCK_SIZE_Q": 1}, set(), 4, 3)
+
+
+def test_resume_times_only_the_cases_the_file_lacks(release_trees, tmp_path, monkeypatch):
+    monkeypatch.setattr(stream_n, "SWEEP", [("flat", 2, 64, 3)])
+    out = tmp_path / "stream-n.json"
+    tree = release_trees("0.33.0+moe")
+    argv = [f"--tree=0.33.0+moe={tree}", "--shape", "tiny-smoke-test", "--quant", "tensor"]
+    argv += ["--routings", "1", "--replays", "2", "--out", str(out)]
+    assert stream_n.main([*argv, "--M", "2"]) == 0
+    first = json.loads(out.read_text())
+    assert stream_n.main([*argv, "--M", "2,3", "--resume"]) == 0
+    resumed = json.loads(out.read_text())
+    assert resumed["command"] == first["command"]  # the run's own header is kept
+    assert resumed["rows"][: len(first["rows"])] == first["rows"]
+    assert [(r["M"], r["variant"]) for r in resumed["rows"][len(first["rows"]) :]] == [
+        (3, "0.33.0+moe"),
+        (3, "stream-n"),
+    ]
