@@ -22,6 +22,13 @@ SHORT_K = Shape("short-k-test", 8, 2, 192, 160)
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _tiny_run(release_trees, out, quant: str) -> list[str]:
+    """The study's arguments for one routing of the smoke shape beside 0.33.0+moe."""
+    tree = release_trees("0.33.0+moe")
+    argv = [f"--tree=0.33.0+moe={tree}", "--shape", "tiny-smoke-test", "--quant", quant]
+    return argv + ["--routings", "1", "--replays", "2", "--out", str(out)]
+
+
 @pytest.mark.parametrize("quant", ["tensor", "block"])
 @pytest.mark.parametrize("gemm", ["down", "up"])
 @pytest.mark.parametrize("loop", ["unrolled", "flat"])
@@ -78,9 +85,7 @@ def test_the_study_times_the_sweep_beside_a_trees_kernel(release_trees, tmp_path
     sweep = [("unrolled", 1, 64, 2), ("flat", 2, 64, 3), ("persistent", 0, 64, 3)]
     monkeypatch.setattr(stream_n, "SWEEP", sweep)
     out = tmp_path / "stream-n.json"
-    tree = release_trees("0.33.0+moe")
-    argv = [f"--tree=0.33.0+moe={tree}", "--shape", "tiny-smoke-test", "--quant", "block"]
-    argv += ["--M", "2", "--routings", "1", "--replays", "2", "--out", str(out)]
+    argv = [*_tiny_run(release_trees, out, "block"), "--M", "2"]
     assert stream_n.main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["variant"] for r in rows] == ["0.33.0+moe"] + ["stream-n"] * 3
@@ -103,9 +108,7 @@ def test_a_config_that_fails_is_recorded_and_fails_the_run(release_trees, tmp_pa
 
     monkeypatch.setattr(stream_n, "checked_stream_n", persistent_breaks)
     out = tmp_path / "stream-n.json"
-    tree = release_trees("0.33.0+moe")
-    argv = [f"--tree=0.33.0+moe={tree}", "--shape", "tiny-smoke-test", "--quant", "tensor"]
-    argv += ["--M", "2", "--routings", "1", "--replays", "2", "--out", str(out)]
+    argv = [*_tiny_run(release_trees, out, "tensor"), "--M", "2"]
     assert stream_n.main(argv) == 1
     report = json.loads(out.read_text())
     assert [r["config"].get("LOOP") for r in report["rows"]] == [None, "flat"]
@@ -223,9 +226,7 @@ def test_the_summary_ranks_forms_per_case_and_entries_over_all_cases():
 def test_a_timed_sweep_summarises_to_markdown_beside_it(release_trees, tmp_path, monkeypatch):
     monkeypatch.setattr(stream_n, "SWEEP", [("flat", 2, 64, 3)])
     out = tmp_path / "stream-n.json"
-    tree = release_trees("0.33.0+moe")
-    argv = [f"--tree=0.33.0+moe={tree}", "--shape", "tiny-smoke-test", "--quant", "block"]
-    argv += ["--M", "2", "--routings", "1", "--replays", "2", "--out", str(out)]
+    argv = [*_tiny_run(release_trees, out, "block"), "--M", "2"]
     assert stream_n.main(argv) == 0
     assert stream_n.main(["--summarise", str(out)]) == 0
     text = (tmp_path / "stream-n.md").read_text()
@@ -242,9 +243,7 @@ def test_a_build_naming_a_parameter_the_kernel_lacks_is_refused():
 def test_resume_times_only_the_cases_the_file_lacks(release_trees, tmp_path, monkeypatch):
     monkeypatch.setattr(stream_n, "SWEEP", [("flat", 2, 64, 3)])
     out = tmp_path / "stream-n.json"
-    tree = release_trees("0.33.0+moe")
-    argv = [f"--tree=0.33.0+moe={tree}", "--shape", "tiny-smoke-test", "--quant", "tensor"]
-    argv += ["--routings", "1", "--replays", "2", "--out", str(out)]
+    argv = _tiny_run(release_trees, out, "tensor")
     assert stream_n.main([*argv, "--M", "2"]) == 0
     first = json.loads(out.read_text())
     assert stream_n.main([*argv, "--M", "2,3", "--resume"]) == 0
