@@ -37,9 +37,8 @@ def build(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    names = list(signature) + [n for n in constants if n not in signature]
     order = {name: i for i, name in enumerate(kernel.arg_names)}
-    unknown = sorted(set(names) - set(order))
+    unknown = sorted((set(signature) | set(constants)) - set(order))
     if unknown:
         raise TypeError(f"{kernel.fn.__name__} has no parameter {', '.join(unknown)}")
     types = {n: ("constexpr" if n in constants else signature[n]) for n in kernel.arg_names}
