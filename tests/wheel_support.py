@@ -63,7 +63,7 @@ def add_wheel(fake_index, version: str, files=None, tag: str = "py3-none-any") -
 
 def pip_install(wheel: Path, target: Path) -> Path:
     """``pip install --no-deps --target``: the product's users install it this way."""
-    subprocess.run(
+    done = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -77,10 +77,12 @@ def pip_install(wheel: Path, target: Path) -> Path:
             str(target),
             str(wheel),
         ],
-        check=True,
         capture_output=True,
         text=True,
     )
+    if done.returncode:
+        detail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise AssertionError(f"pip install {wheel.name} failed: " + " | ".join(detail))
     return target
 
 
