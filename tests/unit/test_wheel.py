@@ -116,6 +116,18 @@ def test_hash_mismatch_keeps_nothing(release, tmp_path, fake_index):
     assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
 
 
+def test_disk_full_leaves_no_new_out_folder(release, tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(wheel.zipfile.ZipFile, "writestr", full)
+    (tmp_path / "kept").mkdir()
+    result, _ = build(tmp_path / "kept" / "new" / "dist")
+    assert result.exit_code == 11, result.output
+    assert "No space left on device" in result.stderr
+    assert list((tmp_path / "kept").iterdir()) == []  # made by the run, removed with it
+
+
 def test_no_wheel_for_the_platform(fake_index, series_root, tmp_path):
     fake_index.add("1.0.0")
     add_wheel(fake_index, "1.0.0", tag="cp38-abi3-manylinux_2_24_x86_64")
