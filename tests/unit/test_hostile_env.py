@@ -250,13 +250,14 @@ def test_a_git_failure_is_one_line_with_a_documented_code(
         return real(cwd, *args, **kwargs)
 
     monkeypatch.setattr(sources.gitutil, "run", run)
-    result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "t")])
+    into = tmp_path / "new" / "t"  # its parent too is made by the run, and removed with it
+    result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(into)])
     assert result.exit_code == code, result.output
     assert words in result.stderr and "Traceback" not in result.output
     assert [line for line in result.stderr.splitlines() if "error" in line] == [
         line for line in result.stderr.splitlines() if line.startswith("moe-patch: error: git")
     ]
-    assert not (tmp_path / "t").exists()
+    assert not (tmp_path / "new").exists()
 
 
 def test_an_unexpected_exception_is_one_line_exit_1_unless_debugging(

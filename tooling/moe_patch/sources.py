@@ -18,7 +18,7 @@ from pathlib import Path
 import git
 from packaging.version import InvalidVersion, Version
 
-from . import gitutil, trees, ui
+from . import folders, gitutil, trees, ui
 from .errors import (
     LOCAL_IO_WORDS,
     BusyError,
@@ -95,7 +95,6 @@ def _fresh_target(into: Path) -> Path:
         raise UsageError(
             f"{into} exists and is not a tree made by moe-patch; choose another --into"
         )
-    into.parent.mkdir(parents=True, exist_ok=True)
     sweep_scratch(into)
     return Path(tempfile.mkdtemp(dir=into.parent, prefix=f".tmp-{into.name}-{os.getpid()}-"))
 
@@ -168,14 +167,15 @@ def _made_beside(into: Path, build: Callable[[Path], str], mark: Marker | None) 
     """``into`` made by ``build`` (which returns the base commit) in a scratch folder beside
     it, then moved into place: a failure or a kill never leaves half a tree at ``into``.
     A foreign ``into`` is refused before ``build`` downloads or copies anything."""
-    tmp = _fresh_target(into)
-    try:
-        base = build(tmp)
-        if mark:
-            mark(tmp)
-        _move_into_place(tmp, into)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with folders.made(into.parent):  # a failed run leaves no new parent folders either
+        tmp = _fresh_target(into)
+        try:
+            base = build(tmp)
+            if mark:
+                mark(tmp)
+            _move_into_place(tmp, into)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return WorkTree(into, base, created=True)
 
 

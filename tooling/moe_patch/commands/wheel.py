@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 import time
 import zipfile
 from pathlib import Path
 
-from .. import release_diff, series, trees
+from .. import folders, release_diff, series, trees
 from .. import wheel as wheels
 from ..errors import PatchFailed, UsageError
 from ..settings import Settings
@@ -38,30 +37,15 @@ def wheel(
     out_dir = out_dir.expanduser().absolute()
     official, dist = wheels.official_wheel(version, platform, index_url)
     rdiff = release_diff.build(version, settings)
-    made = _missing_folders(out_dir)
-    try:
+    with folders.made(out_dir):  # a failed build leaves no new --out behind
         if method == "repack":
             result = wheels.build(official, dist, rdiff, out_dir)
         else:
             result = _precompiled(
                 version, official, dist, rdiff, out_dir, settings, build_isolation
             )
-    except BaseException:
-        for folder in made:  # a failed build leaves no empty --out behind
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        raise
     result.seconds = round(time.monotonic() - started, 1)
     return result
-
-
-def _missing_folders(path: Path) -> list[Path]:
-    """``path`` and its ancestors that do not exist yet, deepest first."""
-    missing = []
-    while not path.exists() and path != path.parent:
-        missing.append(path)
-        path = path.parent
-    return missing
 
 
 def _precompiled(version, official, dist, rdiff, out_dir, settings: Settings, isolation):
