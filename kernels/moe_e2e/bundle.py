@@ -47,7 +47,7 @@ AOT_XZ_PRESET = 1
 
 # Packages vLLM 0.21 imports when it starts an engine (AsyncLLM, V1 engine core, GPU worker,
 # Qwen3-MoE / Mixtral, FP8 and compressed-tensors MoE, FlashAttention backend) that the H200
-# image lacks (kernels/README.md says how the list was found).  Exact versions, so two bundles
+# image lacks (docs/benchmarks.md says how the list was found).  Exact versions, so two bundles
 # of the same release install the same code.
 ENGINE_DEPENDENCIES = (
     "annotated-types==0.8.0",
