@@ -44,7 +44,7 @@ from .quant import quantize_activations, quantize_weights
 from .reference import dequantize_activations, dequantize_weights, ref_moe_gemm
 from .resultfile import encode
 from .stats import rel_frobenius_error
-from .trees import described
+from .trees import described, fingerprints_of
 
 COPIES = 8
 LAUNCHES = 64
@@ -505,8 +505,9 @@ def write_report(path: Path, report: dict) -> None:
 def record_header(module: str, argv: list[str] | None, trees: list[str] = ()) -> dict:
     """What every result file starts with: the command that made it, the moe-patch version
     (the series) and the commit of the checkout that ran it, the machine, and, for the
-    ``LABEL=PATH`` trees it measured, what ``moe_kernels.trees`` recorded of each (the series
-    version and commit a tree was made from; :func:`moe_kernels.trees.described`)."""
+    ``LABEL=PATH`` trees it measured, each one's fingerprint and what ``moe_kernels.trees``
+    recorded of it (the series version and commit it was made from;
+    :func:`moe_kernels.trees.described`)."""
     header = {
         "command": command_line(module, argv),
         "series_version": series_version(),
@@ -514,6 +515,7 @@ def record_header(module: str, argv: list[str] | None, trees: list[str] = ()) ->
         "environment": environment(),
     }
     if trees:
+        header["fingerprints"] = fingerprints_of(trees)
         header["trees"] = described(trees)
     return header
 

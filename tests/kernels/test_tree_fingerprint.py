@@ -154,3 +154,9 @@ def test_a_result_names_the_series_version_and_commit_of_its_checkout_and_trees(
     assert written["series_version"] == series_version()
     assert written["series_commit"] == checkout_commit()
     assert described([f"x={tmp_path / 'nowhere'}"]) == {"x": None}
+    # Every tool's header names its trees' fingerprints (jit_sweep's too, which keeps no
+    # fingerprints of its own).
+    from moe_kernels.measure import record_header
+
+    header = record_header("moe_kernels.jit_sweep", [], [f"s={harness_tree}"])
+    assert header["fingerprints"] == {"s": fingerprint(harness_tree)}
