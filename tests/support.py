@@ -312,7 +312,20 @@ def authored_series(tmp_path_factory):
             {"id": "extra", "edit": {"vllm/extra.py": "FEATURE = True\n"}},
         ],
     )
+    # Ran on a GPU, so apply and wheel print no warning that tests of their output would see
+    # (tests/unit/test_gpu_runs.py removes it).
+    (root / "v1.0.0" / "gpu-runs.json").write_text(json.dumps({"runs": [SYNTHETIC_GPU_RUN]}))
     return root
+
+
+SYNTHETIC_GPU_RUN = {
+    "kind": "kernel-tests",
+    "vllm": "1.0.0",
+    "gpu": "NVIDIA H200",
+    "date": "2026-01-01",
+    "series_version": "0.0.0",
+    "result": "native-tests/synthetic.txt",
+}
 
 
 def unrelated_repo(root: Path) -> Path:

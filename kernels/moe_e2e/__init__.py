@@ -1,6 +1,6 @@
 """End-to-end benchmark: vLLM as released against vLLM with the series, serving real MoE models.
 
-Three steps, each a module with its own command (kernels/README.md, "End to end"):
+Three steps, each a module with its own command (docs/benchmarks.md, "End to end"):
 
 * ``python -m moe_e2e.bundle``: on any machine with the package index, collects what a GPU
   machine without network needs: the official vLLM wheel, the wheel ``moe-patch wheel`` builds,

@@ -47,7 +47,7 @@ AOT_XZ_PRESET = 1
 
 # Packages vLLM 0.21 imports when it starts an engine (AsyncLLM, V1 engine core, GPU worker,
 # Qwen3-MoE / Mixtral, FP8 and compressed-tensors MoE, FlashAttention backend) that the H200
-# image lacks (kernels/README.md says how the list was found).  Exact versions, so two bundles
+# image lacks (docs/benchmarks.md says how the list was found).  Exact versions, so two bundles
 # of the same release install the same code.
 ENGINE_DEPENDENCIES = (
     "annotated-types==0.8.0",
@@ -290,7 +290,7 @@ def build(
     """Write the bundle's parts to ``out``.  ``flashinfer_aot``: FlashInfer JIT modules built
     ahead of time (``moe_e2e.flashinfer_aot``), carried with FlashInfer into its AOT folder."""
     with_flashinfer = with_flashinfer or bool(flashinfer_aot)
-    from moe_patch import __version__ as series_version
+    from moe_patch import releases
     from moe_patch import wheel as wheels
     from moe_patch.commands.wheel import wheel as build_patched
     from moe_patch.settings import Settings
@@ -301,6 +301,8 @@ def build(
     with tempfile.TemporaryDirectory(prefix="moe-e2e-") as scratch:
         scratch = Path(scratch)
         settings = Settings.resolve(index_url=index_url)
+        series_version = releases.series_version(settings.series_root)
+        series_commit = releases.series_commit(settings.series_root)
         result = build_patched(vllm, scratch / "dist", platform=platform, settings=settings)
         official, dist = wheels.official_wheel(result.vllm, platform, index_url)
         drop = (*drop, *unused_members(official, python_version))
@@ -313,6 +315,7 @@ def build(
         manifest = {
             "vllm": result.vllm,
             "series_version": series_version,
+            "series_commit": series_commit,
             "official_wheel": {
                 "file": official.name,
                 "sha256": sha256_file(official),
@@ -344,6 +347,7 @@ def build(
         summary = {
             "vllm": result.vllm,
             "series_version": series_version,
+            "series_commit": series_commit,
             "payload_sha256": sha256_file(payload),
             "payload_size": payload.stat().st_size,
             "parts": parts,

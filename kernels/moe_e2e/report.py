@@ -261,7 +261,8 @@ def markdown(report: dict) -> str:
         f"`{report['official_wheel']['sha256']}` (installed without "
         f"{', '.join(report['official_wheel']['dropped']) or 'nothing'})",
         f"- patched wheel `{report['patched_wheel']['file']}` sha256 "
-        f"`{report['patched_wheel']['sha256']}`; series {report['series_version']}",
+        f"`{report['patched_wheel']['sha256']}`; series {report['series_version']}"
+        + (f" at commit {report['series_commit']}" if report.get("series_commit") else ""),
         f"- model: {report['model']} (dummy weights), max_num_seqs "
         f"{report['spec']['max_num_seqs'] or 'vLLM default'}, max_model_len "
         f"{report['spec']['max_model_len']}, tensor parallel "

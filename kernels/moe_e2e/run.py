@@ -591,6 +591,7 @@ def new_report(command: str, staged: dict, spec: dict, model: str) -> dict:
         "command": command,
         "vllm": staged["vllm"],
         "series_version": staged["series_version"],
+        "series_commit": staged.get("series_commit"),
         "official_wheel": staged["official_wheel"],
         "patched_wheel": staged["patched_wheel"],
         "environment": environment(),

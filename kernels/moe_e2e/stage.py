@@ -226,6 +226,7 @@ def stage(source: Path, into: Path) -> dict | None:
         "payload_sha256": bundle["payload_sha256"],
         "vllm": manifest["vllm"],
         "series_version": manifest["series_version"],
+        "series_commit": manifest.get("series_commit"),  # bundles before 2026-12-06 lack it
         "official_wheel": {
             k: manifest["official_wheel"][k] for k in ("file", "sha256", "index_sha256", "dropped")
         },

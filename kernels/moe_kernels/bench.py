@@ -387,7 +387,7 @@ def case_key(row: dict) -> tuple:
 
 def _write(args, argv, variants, bandwidth, rows) -> None:
     report = {
-        **record_header("moe_kernels.bench", argv),
+        **record_header("moe_kernels.bench", argv, args.tree),
         "method": {
             "copies": COPIES,
             "launches_per_graph": LAUNCHES,

@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     report = {
-        **record_header("moe_kernels.jit_sweep", argv),
+        **record_header("moe_kernels.jit_sweep", argv, args.tree),
         "shape": args.shape,
         "quant": args.quant,
         "sweep_token_counts": SWEEP,

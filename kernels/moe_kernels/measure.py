@@ -23,6 +23,7 @@ import os
 import platform
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +44,7 @@ from .quant import quantize_activations, quantize_weights
 from .reference import dequantize_activations, dequantize_weights, ref_moe_gemm
 from .resultfile import encode
 from .stats import rel_frobenius_error
+from .trees import described, fingerprints_of
 
 COPIES = 8
 LAUNCHES = 64
@@ -500,14 +502,46 @@ def write_report(path: Path, report: dict) -> None:
     write_atomically(path, encode(path, report))
 
 
-def record_header(module: str, argv: list[str] | None) -> dict:
+def record_header(module: str, argv: list[str] | None, trees: list[str] = ()) -> dict:
     """What every result file starts with: the command that made it, the moe-patch version
-    (the series) it measured, and the machine."""
-    return {
+    (the series) and the commit of the checkout that ran it, the machine, and, for the
+    ``LABEL=PATH`` trees it measured, each one's fingerprint and what ``moe_kernels.trees``
+    recorded of it (the series version and commit it was made from;
+    :func:`moe_kernels.trees.described`)."""
+    header = {
         "command": command_line(module, argv),
         "series_version": series_version(),
+        "series_commit": checkout_commit(),
         "environment": environment(),
     }
+    if trees:
+        header["fingerprints"] = fingerprints_of(trees)
+        header["trees"] = described(trees)
+    return header
+
+
+def checkout_commit() -> str | None:
+    """The commit of the moe-patch checkout this harness runs from (``+`` when it has
+    uncommitted changes); None where there is no git checkout (a device's copy of the
+    working tree: there ``trees`` names the commit each tree was made from)."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "tooling" / "moe_patch" / "__init__.py").is_file():
+        return None  # an installed harness: no checkout of its own
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+
+    def git(*args: str) -> str | None:
+        try:
+            proc = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, env=env
+            )
+        except OSError:
+            return None
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return None
+    return head + ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def series_version() -> str | None:

@@ -45,6 +45,7 @@ from .measure import (
     DEVICE,
     Shape,
     Variant,
+    checkout_commit,
     environment,
     make_weights,
     series_version,
@@ -246,6 +247,7 @@ def tune_model(
         on_discard(differ)
     report = {
         "inputs": inputs,
+        "series_commit": checkout_commit(),  # not an input: a new commit keeps the results
         "environment": environment(),
         "config_file": name,
         "results": rows,

@@ -96,22 +96,14 @@ def build_tree(label: str, into: Path, index_url: str | None = None) -> Path:
     return work.path
 
 
-def _series_commit() -> str:
-    """The commit of the checkout whose series moe-patch applies (``+`` if its patches have
-    uncommitted changes); "unknown" outside a git checkout."""
-    import git
-    from moe_patch import gitutil
+def _series() -> tuple[str, str]:
+    """The version and commit of the series moe-patch applies (its checkout's; the commit
+    ends in ``+`` if its patches have uncommitted changes, "unknown" outside git)."""
+    from moe_patch import releases
     from moe_patch.settings import default_series_root
 
     root = default_series_root()
-    if not root.is_dir():
-        return "unknown"
-    try:
-        head = gitutil.run(root, "rev-parse", "--short", "HEAD")
-        dirty = gitutil.run(root, "status", "--porcelain", "--", ".")
-    except (OSError, git.GitCommandError):
-        return "unknown"
-    return head + ("+" if dirty else "")
+    return releases.series_version(root), releases.series_commit(root)
 
 
 def copy_harness_files(tree: Path, target: Path) -> None:
@@ -133,6 +125,22 @@ def fingerprints_of(specs: list[str]) -> dict[str, str]:
     }
 
 
+def described(specs: list[str]) -> dict[str, dict | None]:
+    """Label -> what ``trees.json`` beside the tree's folder says of it (the release, the
+    series version and commit it was made from, its fingerprint), for ``LABEL=PATH`` specs;
+    None for a tree that was not made by :func:`harness_trees`."""
+    found: dict[str, dict | None] = {}
+    for label, _, path in (spec.partition("=") for spec in specs):
+        folder = Path(path)
+        try:
+            listing = json.loads((folder.parent / "trees.json").read_text())
+        except (OSError, ValueError):
+            listing = {}
+        entry = listing.get(folder.name) if isinstance(listing, dict) else None
+        found[label] = entry if isinstance(entry, dict) else None
+    return found
+
+
 def fingerprint_changes(recorded: dict[str, str] | None, current: dict[str, str]) -> str | None:
     """Why a result file's trees (``recorded``: label -> fingerprint) are not ``current``,
     in words; None when they are the same trees."""
@@ -151,23 +159,24 @@ def harness_trees(labels: list[str], out: Path) -> dict[str, dict]:
     """``out/<label>/`` holding each tree's fused-MoE folder and ``vllm/_version.py``, and
     ``out/trees.json`` describing them; returns that description."""
     out.mkdir(parents=True, exist_ok=True)
-    commit = _series_commit()
-    described = {}
+    version, commit = _series()
+    made = {}
     with tempfile.TemporaryDirectory(prefix="moe-trees-") as scratch:
         for label in labels:
-            version, kind = split_label(label)
+            release, kind = split_label(label)
             target = out / label
             copy_harness_files(build_tree(label, Path(scratch) / label), target)
             kernel = (target / FUSED_MOE_REL).read_bytes()
-            described[label] = {
-                "tree": f"vLLM {version} "
+            made[label] = {
+                "tree": f"vLLM {release} "
                 + (f"with the series at commit {commit}" if kind else "as released")
-                + (f" and {version}'s own config files" if kind == "untuned" else ""),
+                + (f" and {release}'s own config files" if kind == "untuned" else ""),
+                **({"series_version": version, "series_commit": commit} if kind else {}),
                 "fused_moe.py sha256": hashlib.sha256(kernel).hexdigest(),
                 "fingerprint": fingerprint(target),
             }
-    (out / "trees.json").write_text(json.dumps(described, indent=1) + "\n")
-    return described
+    (out / "trees.json").write_text(json.dumps(made, indent=1) + "\n")
+    return made
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -534,7 +534,7 @@ def _write(args, argv, bandwidth, results) -> None:
     write_report(
         args.out,
         {
-            **record_header("moe_kernels.tune", argv),
+            **record_header("moe_kernels.tune", argv, [args.tree, *args.peer]),
             "method": {
                 "replays": TUNE_REPLAYS,
                 "warmup_replays": WARMUP_REPLAYS,

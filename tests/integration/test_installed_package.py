@@ -50,6 +50,11 @@ def test_the_package_works_outside_a_checkout(installed, tmp_path):
     shipped = sorted({row["base"] for row in json.loads(listed.stdout)})
     ours = (ROOT / "patches").iterdir()
     assert shipped == sorted(folder.name[1:] for folder in ours if (folder / "series").is_file())
+    # The series' GPU runs and release records travel with it: list and verify read them.
+    gpu = {row["base"]: row["gpu"] for row in json.loads(listed.stdout)}
+    assert gpu["0.34.0"] == "not run on a GPU yet" and gpu["0.20.0"].startswith("served a model")
+    checked = run(installed, tmp_path, "release", "--check")
+    assert checked.returncode == 0 and "release-version pass" in checked.stdout, checked.stdout
 
     refused = run(installed, tmp_path, "rebase", "--onto", "0.21.0", "--from", "0.20.0")
     assert refused.returncode == 2

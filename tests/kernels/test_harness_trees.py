@@ -12,6 +12,7 @@ from moe_kernels import load_fused_moe_kernel
 from moe_kernels.dispatch import config_for
 from moe_kernels.loader import FUSED_MOE_REL
 from moe_kernels.trees import build_tree, fingerprint, harness_trees, main, split_label
+from moe_patch import __version__
 
 pytestmark = [pytest.mark.network, pytest.mark.release]
 
@@ -33,6 +34,10 @@ def test_each_label_gets_its_fused_moe_folder_and_version_and_nothing_else(tmp_p
         assert on_disk[label]["fingerprint"] == fingerprint(tree)
     assert on_disk["0.21.0"]["tree"] == "vLLM 0.21.0 as released"
     assert on_disk["0.21.0+moe"]["tree"].startswith("vLLM 0.21.0 with the series at commit ")
+    commit = on_disk["0.21.0+moe"]["series_commit"]
+    assert on_disk["0.21.0+moe"]["tree"].endswith(commit) and commit != "unknown"
+    assert on_disk["0.21.0+moe"]["series_version"] == __version__
+    assert "series_commit" not in on_disk["0.21.0"]
     assert on_disk["0.21.0"]["fused_moe.py sha256"] != on_disk["0.21.0+moe"]["fused_moe.py sha256"]
     # The whole tree and its carried part are one tree to a result file
     assert fingerprint(build_tree("0.21.0", tmp_path / "whole")) == on_disk["0.21.0"]["fingerprint"]

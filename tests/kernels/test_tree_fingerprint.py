@@ -129,3 +129,34 @@ def test_moe_patch_tune_times_every_m_again_on_a_changed_tree(harness_tree, tmp_
     )  # fmt: skip
     assert discarded == [["tree_fingerprint"]]
     assert report["inputs"]["tree_fingerprint"] == fingerprint(harness_tree)
+
+
+def test_a_result_names_the_series_version_and_commit_of_its_checkout_and_trees(
+    harness_tree, tmp_path
+):
+    """What each tree was made from travels in trees.json beside it (the device's copy of the
+    working tree has no git); the checkout that ran the harness is named where it has git."""
+    from moe_kernels.measure import checkout_commit, series_version
+    from moe_kernels.trees import described
+
+    trees = tmp_path / "trees"
+    copy_harness_files(harness_tree, trees / "0.21.0+moe")
+    made = {"tree": "vLLM 0.21.0 with the series at commit abc1234", "series_version": "0.2.0"}
+    (trees / "trees.json").write_text(
+        json.dumps({"0.21.0+moe": {**made, "series_commit": "abc1234"}})
+    )
+    out = tmp_path / "bench.json"
+    args = [f"--tree=p={trees / '0.21.0+moe'}", f"--tree=s={harness_tree}"]
+    args += ["--shape", "tiny-smoke-test", "--gemm", "down", "--quant", "tensor", "--M", "1"]
+    assert bench.main([*args, "--out", str(out), "--stop-after", "0"]) == 3
+    written = json.loads(out.read_text())
+    assert written["trees"] == {"p": {**made, "series_commit": "abc1234"}, "s": None}
+    assert written["series_version"] == series_version()
+    assert written["series_commit"] == checkout_commit()
+    assert described([f"x={tmp_path / 'nowhere'}"]) == {"x": None}
+    # Every tool's header names its trees' fingerprints (jit_sweep's too, which keeps no
+    # fingerprints of its own).
+    from moe_kernels.measure import record_header
+
+    header = record_header("moe_kernels.jit_sweep", [], [f"s={harness_tree}"])
+    assert header["fingerprints"] == {"s": fingerprint(harness_tree)}

@@ -25,6 +25,7 @@ from moe_e2e import bundle, engine, models, run, stage
 from moe_e2e import report as e2e_report
 from moe_e2e.profile import KINDS
 from moe_e2e.report import markdown
+from moe_patch import __version__
 
 
 def test_every_model_and_kind_writes_a_config(tmp_path):
@@ -1274,10 +1275,12 @@ def test_bundle_builds_from_the_index_and_stages(fake_index, series_root, tmp_pa
     out = tmp_path / "bundle"
     summary = bundle.build("1.0", out, 1, "3.12", (), None, fake_index.url)
     assert summary["vllm"] == "1.0.0" and summary["parts"]
+    # The series is named by version and commit (this synthetic one lies outside git).
+    assert (summary["series_version"], summary["series_commit"]) == (__version__, "unknown")
     assert summary["patched_wheel_sha256"] != summary["official_wheel_sha256"]
     monkeypatch.setattr(stage, "install_dependencies", lambda *args: None)
     staged = tmp_path / "staged"
-    stage.stage(out, staged)
+    assert stage.stage(out, staged)["series_commit"] == "unknown"
     kernel = "vllm/model_executor/layers/fused_moe/fused_moe.py"
     official = (staged / "site-official" / kernel).read_text()
     patched = (staged / "site-patched" / kernel).read_text()

@@ -1,3 +1,3 @@
 """moe-patch: a versioned patch series for vLLM's FP8 fused-MoE path on Hopper."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -40,7 +40,7 @@ from installer.records import Hash, InvalidRecordEntry, RecordEntry, parse_recor
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from . import __version__, cache, release_diff, series, versions
+from . import __version__, cache, gpu_runs, release_diff, series, versions
 from . import wheel as wheels
 from .errors import IntegrityError, LocalIOError, StateError, UsageError
 from .report import as_json
@@ -364,6 +364,9 @@ def apply(
         leftover = install.state_dir
         if leftover.exists():  # a run killed before it wrote its state: nothing was changed
             shutil.rmtree(leftover)
+        gpu_runs.warn_if_unverified(
+            series.for_version(version, settings.series_root).directory, version
+        )
         _apply(install, rdiff, patches, report)
     return report
 

@@ -193,6 +193,9 @@ def render_verify(report: VerifyReport) -> str:
         for s in report.series
         for c in s.checks
     ]
+    if report.release:
+        c = report.release
+        series_rows.append(["all", c.name, c.status, c.detail if c.status != FAIL else "see below"])
     lines += _check_table(["series", "check", "result", "detail"], series_rows, {2})
     lines.append("")
     names = list(dict.fromkeys(c.name for r in report.releases for c in r.checks))

@@ -8,6 +8,9 @@ per series base (``patches/vX.Y.Z``)
                         ``Signed-off-by``, and stays inside the tree
   ``exported-form``     applied to its base release, every patch is reproduced byte for
                         byte by re-exporting its commit (the files are up to date)
+the whole series
+  ``release-version``   the series is what the last release recorded (``patches/releases/``),
+                        or moe-patch's version has moved past it (:mod:`moe_patch.releases`)
 per release
   ``apply``             the series applies in order, without fuzz; the per-patch status
                         (applied / 3-way / already upstream) is what ``apply`` reports
@@ -39,7 +42,19 @@ from pathlib import Path
 import git
 from packaging.version import Version
 
-from . import applier, export, gitutil, index, lint, patchfile, probes, series, sources, trees
+from . import (
+    applier,
+    export,
+    gitutil,
+    index,
+    lint,
+    patchfile,
+    probes,
+    releases,
+    series,
+    sources,
+    trees,
+)
 from .errors import MoePatchError
 from .pipconfig import index_settings
 from .report import APPLIED, FAIL, FAILED, PASS, SKIP, as_json
@@ -81,11 +96,13 @@ class ReleaseResult:
 class VerifyReport:
     series: list[SeriesResult] = field(default_factory=list)
     releases: list[ReleaseResult] = field(default_factory=list)
+    release: Check | None = None  # release-version: the series against its last release
     jobs: int = 1
     elapsed_s: float = 0.0
 
     def all_checks(self) -> list[tuple[str, Check]]:
         found = [(f"v{s.base}", c) for s in self.series for c in s.checks]
+        found += [("series", self.release)] if self.release else []
         return found + [(r.version, c) for r in self.releases for c in r.checks]
 
     @property
@@ -107,8 +124,8 @@ def supported_releases(settings: Settings | None = None) -> list[str]:
     settings = settings or Settings.resolve()
     known = series.required_bases(settings.series_root)
     oldest = Version(known[0])
-    releases = [d.version for d in index.distributions(index_settings(settings.index_url))]
-    return sorted({v for v in releases if Version(v) >= oldest}, key=Version)
+    listed = [d.version for d in index.distributions(index_settings(settings.index_url))]
+    return sorted({v for v in listed if Version(v) >= oldest}, key=Version)
 
 
 # --- series-level checks ------------------------------------------------------------
@@ -530,5 +547,7 @@ def verify(
         why = f"vLLM {base} is not on the package index yet" if base in unreleased else "not run"
         checks.append(exported.get(base) or Check("exported-form", SKIP, why))
         report.series.append(SeriesResult(base, checks))
+    released = releases.compare(root)
+    report.release = Check("release-version", released.status, released.detail)
     report.elapsed_s = round(time.perf_counter() - started, 1)
     return report

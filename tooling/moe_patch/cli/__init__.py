@@ -30,6 +30,7 @@ from . import (
     list_,
     pr,
     rebase,
+    release,
     revert,
     status,
     tune,
@@ -116,6 +117,7 @@ COMMANDS = (
     checkout.command,
     export.command,
     pr.command,
+    release.command,
 )
 for _command in COMMANDS:
     main.add_command(_command)

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from ..commands.list import list_series
+from ..commands.list import list_series, serving_ranges
 from ..errors import EXIT_USAGE, command_epilog
 from ..report import render_table
 from .options import pass_settings, series_option
@@ -26,7 +26,7 @@ from .options import pass_settings, series_option
 @series_option
 @pass_settings
 def command(vllm, as_json, settings):
-    """Show the series: base releases, patches in order, upstream status."""
+    """Show the series: base releases, patches in order, upstream status, GPU runs."""
     rows = list_series(vllm, settings)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -36,3 +36,8 @@ def command(vllm, as_json, settings):
         for r in rows
     ]
     click.echo(render_table(["base", "#", "patch", "upstream", "subject"], table))
+    click.echo("")
+    serves = serving_ranges(settings)
+    gpu = {r["base"]: r["gpu"] for r in rows}
+    table = [[f"v{base}", serves[base], facts] for base, facts in gpu.items()]
+    click.echo(render_table(["series", "serves vLLM", "on a GPU"], table))

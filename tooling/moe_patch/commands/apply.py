@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .. import applier, series, sources, trees
+from .. import applier, gpu_runs, series, sources, trees
 from ..errors import UsageError
 from ..report import ApplyReport
 from ..settings import Settings
@@ -45,6 +45,7 @@ def apply(
         raise UsageError("--any-base is for a --source that is not a release; drop it")
     chosen = series.for_version(version, settings.series_root)
     chosen.select(only)  # reject unknown ids before touching anything
+    gpu_runs.warn_if_unverified(chosen.directory, version)
 
     target = (
         source if in_place else (into or Path.cwd() / f"vllm-{version}").expanduser().absolute()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import series
+from .. import gpu_runs, series
 from ..settings import Settings
 
 
@@ -14,6 +14,7 @@ def list_series(vllm: str | None = None, settings: Settings | None = None) -> li
     rows = []
     for base in chosen:
         loaded = series.load(base, series_root)
+        gpu = gpu_runs.summary(loaded.directory)
         for position, patch in enumerate(loaded.patches, start=1):
             rows.append(
                 {
@@ -25,6 +26,17 @@ def list_series(vllm: str | None = None, settings: Settings | None = None) -> li
                     "probes": patch.trailer_values("Upstream-Probe"),
                     "files": patch.files,
                     "reason": patch.reason,
+                    "gpu": gpu,
                 }
             )
     return rows
+
+
+def serving_ranges(settings: Settings | None = None) -> dict[str, str]:
+    """Base -> the releases its series serves, in words ("0.20.0 ≤ v < 0.25.0")."""
+    known = series.required_bases((settings or Settings.resolve()).series_root)
+    later = [*known[1:], None]
+    return {
+        base: f"{base} ≤ v < {after}" if after else f"{base} ≤ v"
+        for base, after in zip(known, later, strict=True)
+    }

@@ -8,7 +8,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from .. import folders, release_diff, series, trees
+from .. import folders, gpu_runs, release_diff, releases, series, trees
 from .. import wheel as wheels
 from ..errors import PatchFailed, UsageError
 from ..settings import Settings
@@ -33,27 +33,29 @@ def wheel(
     if not build_isolation and method != "precompiled":
         raise UsageError("--no-build-isolation only applies to --method precompiled")
     version = trees.resolve_version(vllm, index_url)
-    series.for_version(version, settings.series_root)  # no series: say so before any download
+    chosen = series.for_version(version, settings.series_root)  # no series: say so first
+    gpu_runs.warn_if_unverified(chosen.directory, version)
     out_dir = out_dir.expanduser().absolute()
     official, dist = wheels.official_wheel(version, platform, index_url)
     rdiff = release_diff.build(version, settings)
+    label = releases.series_version(settings.series_root)  # the series' own checkout's version
     with folders.made(out_dir):  # a failed build leaves no new --out behind
         if method == "repack":
-            result = wheels.build(official, dist, rdiff, out_dir)
+            result = wheels.build(official, dist, rdiff, out_dir, label)
         else:
             result = _precompiled(
-                version, official, dist, rdiff, out_dir, settings, build_isolation
+                version, official, dist, rdiff, out_dir, settings, build_isolation, label
             )
     result.seconds = round(time.monotonic() - started, 1)
     return result
 
 
-def _precompiled(version, official, dist, rdiff, out_dir, settings: Settings, isolation):
+def _precompiled(version, official, dist, rdiff, out_dir, settings: Settings, isolation, label):
     with zipfile.ZipFile(official) as archive:
         shipped = {n for n in archive.namelist() if ".dist-info/" not in n and not n.endswith("/")}
     what = f"the vLLM {version} wheel"
     layout = release_diff.plan(rdiff, shipped, what)  # refuses compiled sources the same way
-    new_version = wheels.patched_version(version)
+    new_version = wheels.patched_version(version, label)
     scratch = Path(tempfile.mkdtemp(prefix="moe-patch-precompiled-"))
     try:
         report = apply_tree(version, scratch / f"vllm-{version}", settings=settings)
