@@ -190,17 +190,13 @@ def _clone_release(repo: Path, tmp: Path, version: str) -> None:
     gitutil.run(tmp.parent, "clone", "-q", "--no-checkout", str(repo), str(tmp))
     gitutil.run(tmp, "remote", "remove", "origin")
     # Writing ~5000 files dominates a warm apply: let git use every core.
-    gitutil.run(
-        tmp,
-        "-c",
-        "checkout.workers=0",
-        "-c",
-        "checkout.thresholdForParallelism=1",
-        "checkout",
-        "-q",
-        "--detach",
-        trees.release_tag(version),
-    )
+    command = ["-c", "checkout.workers=0", "-c", "checkout.thresholdForParallelism=1"]
+    command += ["checkout", "-q", "--detach", trees.release_tag(version)]
+    status, _, said = gitutil.run(tmp, *command, with_extended_output=True)
+    # git's parallel checkout exits 0 when it could not read an object ("finished with
+    # pending entries"), leaving files out: a damaged object store, whatever the status says.
+    if re.search(r"^(error|fatal):", said, re.MULTILINE):
+        raise git.GitCommandError(["git", *command], status, said)
 
 
 def _clone_url(url: str) -> str:
