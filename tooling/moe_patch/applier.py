@@ -15,7 +15,6 @@ import contextlib
 import email.utils
 import json
 import re
-import tempfile
 from pathlib import Path
 
 import git
@@ -171,8 +170,8 @@ def _write_series_blobs(tree: Path, patches: list[Patch]) -> None:
     index or files): ``git apply --cached`` stores every postimage blob."""
     if not patches:
         return
-    with tempfile.TemporaryDirectory(prefix="moe-patch-index-") as scratch:
-        env = {"GIT_INDEX_FILE": str(Path(scratch) / "index")}
+    with cache.scratch("index") as scratch:
+        env = {"GIT_INDEX_FILE": str(scratch / "index")}
         gitutil.run(tree, "read-tree", "FETCH_HEAD", env=env)
         for patch in patches:
             try:

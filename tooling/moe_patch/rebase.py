@@ -23,10 +23,8 @@ returned.  The state of a rebase in progress lives in ``.git/moe-patch-rebase/``
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -303,7 +301,7 @@ def first_release_with(patch: patchfile.Patch, base: str, onto: str) -> str:
         repo = trees.cached_repo(version)
         if repo is None:
             continue
-        with tempfile.TemporaryDirectory(prefix="moe-patch-probe-") as scratch:
+        with cache.scratch("probe") as scratch:
             gitutil.run(scratch, "init", "-q")  # git apply works relative to this root
             for name in patch.files:
                 try:
@@ -315,9 +313,9 @@ def first_release_with(patch: patchfile.Patch, base: str, onto: str) -> str:
                     )
                 except git.GitCommandError:
                     continue
-                (Path(scratch) / name).parent.mkdir(parents=True, exist_ok=True)
-                (Path(scratch) / name).write_text(data)
-            if applier.upstream_evidence(Path(scratch), patch):
+                (scratch / name).parent.mkdir(parents=True, exist_ok=True)
+                (scratch / name).write_text(data)
+            if applier.upstream_evidence(scratch, patch):
                 return version
     return onto
 
@@ -514,7 +512,7 @@ def _finish(state: RebaseState) -> RebaseResult:
         if present != files:  # else: a killed run got this far; finish what it started
             raise StateError(f"{target} appeared while the rebase ran; move it away and --continue")
     else:
-        _write_series(root, target, state.onto, files)
+        _write_series(target, files)
     result = RebaseResult(state=state, done=True, series_dir=str(target))
     for step in state.steps:
         if step.applied_upstream:
@@ -536,11 +534,10 @@ def _finish(state: RebaseState) -> RebaseResult:
     return result
 
 
-def _write_series(root: Path, target: Path, onto: str, files: dict[str, bytes]) -> None:
+def _write_series(target: Path, files: dict[str, bytes]) -> None:
     """Write the new series directory whole: staged beside ``target`` (named with this
     process's id, so a later run removes what a killed one left), then renamed."""
-    sources.sweep_scratch(target)
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-{os.getpid()}-", dir=root))
+    staging = sources.scratch_beside(target)
     try:
         for name, data in files.items():
             (staging / name).write_bytes(data)

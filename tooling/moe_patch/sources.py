@@ -7,7 +7,7 @@ an interrupted run never leaves a half-made tree under the name the user gave.
 
 from __future__ import annotations
 
-import os
+import hashlib
 import re
 import shutil
 import tempfile
@@ -18,7 +18,7 @@ from pathlib import Path
 import git
 from packaging.version import InvalidVersion, Version
 
-from . import folders, gitutil, trees, ui
+from . import folders, gitutil, owners, trees, ui
 from .errors import (
     LOCAL_IO_WORDS,
     BusyError,
@@ -95,44 +95,44 @@ def _fresh_target(into: Path) -> Path:
         raise UsageError(
             f"{into} exists and is not a tree made by moe-patch; choose another --into"
         )
-    sweep_scratch(into)
-    return Path(tempfile.mkdtemp(dir=into.parent, prefix=f".tmp-{into.name}-{os.getpid()}-"))
+    return scratch_beside(into)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+# A file name may be 255 bytes: the scratch name of a long --into keeps the start of its name
+# and a hash of the rest, so that ".tmp-", the run's tag and mkdtemp's suffix still fit.
+_NAME_KEPT = 64
+
+
+def _scratch_prefix(path: Path) -> str:
+    name = path.name
+    if len(name.encode()) > _NAME_KEPT:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+        name = f"{name.encode()[:40].decode(errors='ignore')}~{digest}"
+    return f".tmp-{name}-"
+
+
+def scratch_beside(path: Path) -> Path:
+    """A new scratch folder beside ``path`` (``.tmp-<name>-<run>-XXXX``), where ``path`` is
+    built before it is renamed into place; the scratch killed runs left beside it is removed
+    first."""
+    sweep_scratch(path)
+    prefix = _scratch_prefix(path) + owners.tag() + "-"
+    return Path(tempfile.mkdtemp(dir=path.parent, prefix=prefix))
 
 
 def stale_scratch(into: Path) -> list[Path]:
     """The scratch trees that killed runs left beside ``into``.
 
-    A run builds its tree in ``.tmp-<into>-<pid>-XXXX`` and renames it to ``into`` at the
+    A run builds its tree in ``.tmp-<into>-<run>-XXXX`` and renames it to ``into`` at the
     end, so a folder of that name whose process is gone is what a kill left behind (up to
     ~120 MB each); one of a live run is not listed.
     """
-    pattern = re.compile(rf"\.tmp-{re.escape(into.name)}-(\d+)-\w+$")
-    stale = []
-    for path in sorted(into.parent.iterdir()):
-        found = pattern.match(path.name)
-        if not found or path.is_symlink() or not path.is_dir():
-            continue
-        if not _alive(int(found.group(1))):
-            stale.append(path)
-    return stale
+    return owners.stale(into.parent, _scratch_prefix(into))
 
 
 def sweep_scratch(into: Path) -> list[Path]:
     """Remove :func:`stale_scratch` of ``into``; the removed paths."""
-    removed = stale_scratch(into)
-    for path in removed:
-        shutil.rmtree(path, ignore_errors=True)
-    return removed
+    return owners.sweep(into.parent, _scratch_prefix(into))
 
 
 def _move_into_place(tmp: Path, into: Path) -> None:
