@@ -21,7 +21,7 @@ import git
 from packaging.version import Version
 
 from . import cache, gitutil, probes, trees
-from .errors import BusyError, MoePatchError, PatchFormatError, StateError
+from .errors import MoePatchError, PatchFormatError, StateError
 from .patchfile import Patch
 from .report import (
     APPLIED,
@@ -33,6 +33,7 @@ from .report import (
     PatchOutcome,
 )
 from .series import Series
+from .treelock import git_dir, target_lock
 
 STATE_FILE = "moe-patch-state.json"
 _FAILED_AT = re.compile(r"error: patch failed: (.+):(\d+)")
@@ -53,27 +54,6 @@ def read_applied(tree: Path) -> dict:
 def _write_applied(tree: Path, state: dict) -> None:
     data = (json.dumps(state, indent=1, sort_keys=True) + "\n").encode()
     cache.write_atomic(git_dir(tree) / STATE_FILE, data)  # a kill never leaves half a file
-
-
-def git_dir(tree: Path) -> Path:
-    return Path(gitutil.run(tree, "rev-parse", "--absolute-git-dir"))
-
-
-@contextlib.contextmanager
-def target_lock(tree: Path):
-    import filelock
-
-    lock = filelock.FileLock(str(git_dir(tree) / "moe-patch.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        raise BusyError(
-            f"another moe-patch run is changing {tree}; wait for it to finish"
-        ) from None
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def _identity(patch: Patch) -> dict[str, str]:
