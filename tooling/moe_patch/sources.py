@@ -25,7 +25,6 @@ from .errors import (
     LocalIOError,
     MoePatchError,
     NetworkError,
-    StateError,
     UsageError,
 )
 from .pipconfig import redact
@@ -305,27 +304,6 @@ def _raise_if_local_io(exc: git.GitCommandError) -> None:
             f"cannot write the copy of --source ({_git_reason(exc)}); free space or fix "
             "permissions, then run the same command again"
         ) from None
-
-
-def existing(into: Path, version: str, recorded_base: str | None) -> WorkTree:
-    """A tree a previous ``apply`` made: reuse it if it is the same release and clean."""
-    gitutil.open_repo(into)  # a git tree; whether it is clean is checked under its lock
-    base = recorded_base
-    if base is None:
-        try:
-            base = gitutil.run(
-                into,
-                "rev-parse",
-                "-q",
-                "--verify",
-                f"refs/tags/{trees.release_tag(version)}^{{commit}}",
-            )
-        except git.GitCommandError:
-            raise StateError(
-                f"{into} is a git tree but not one moe-patch made for vLLM {version}; "
-                "choose another --into"
-            ) from None
-    return WorkTree(into, base, created=False)
 
 
 def _git_reason(exc: git.GitCommandError) -> str:
