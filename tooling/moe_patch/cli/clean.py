@@ -10,6 +10,7 @@ import click
 from ..commands.clean import clean
 from ..errors import EXIT_BUSY, EXIT_LOCAL_IO, BusyError, command_epilog
 from ..report import render_clean
+from .options import Folder
 
 
 @click.command(
@@ -31,8 +32,9 @@ from ..report import render_clean
 )
 @click.option(
     "--into",
-    type=click.Path(path_type=Path),
-    help="Also remove the scratch trees killed runs left beside this --into.",
+    type=Folder(path_type=Path),
+    help="Also remove the scratch trees killed runs left beside this --into, and the git "
+    "locks they left in it.",
 )
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
