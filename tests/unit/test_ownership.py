@@ -121,3 +121,31 @@ def test_a_branch_made_in_the_main_worktree_is_not_foreign_in_a_linked_one(
     assert report["unchanged"] is True
     assert git(linked, "rev-parse", "--abbrev-ref", "HEAD") == "moe-patch/v1.0.0"
     assert git(linked, "status", "--porcelain") == ""
+
+
+def test_a_tree_an_earlier_moe_patch_made_is_still_updated(fake_index, series_root, tmp_path):
+    """State records written before this check name no tree: their release commit is the
+    evidence, and the next write names the tree."""
+    fake_index.add("1.0.0")
+    made = tmp_path / "made"
+    apply_json("--vllm", "1.0.0", "--into", str(made))
+    record = made / ".git" / "moe-patch-state.json"
+    state = json.loads(record.read_text())
+    del state["tree"]
+    record.write_text(json.dumps(state))
+    assert apply_json("--vllm", "1.0.0", "--into", str(made))["unchanged"] is True
+    assert json.loads(record.read_text())["tree"] == str(made)
+
+
+def test_a_checkout_tree_is_not_applied_into(fake_index, series_root, tmp_path):
+    fake_index.add("1.0.0")
+    tree = tmp_path / "edit"
+    assert run("checkout", "--vllm", "1.0.0", str(tree)).exit_code == 0
+    head = git(tree, "rev-parse", "HEAD")
+    result = run("apply", "--vllm", "1.0.0", "--into", str(tree))
+    assert result.exit_code == 7, result.output
+    assert result.stderr == (
+        f"moe-patch: error: {tree} is a tree for editing the series (moe-patch checkout or "
+        "rebase), not one apply made; give apply another --into\n"
+    )
+    assert git(tree, "rev-parse", "HEAD") == head

@@ -112,6 +112,13 @@ def owned_base(tree: Path, version: str, source: Path | None = None) -> str:
             f"{tree} is the tree moe-patch made for vLLM {made}; give another --into for "
             f"vLLM {version}"
         )
+    from .workflow import STATE_FILE as CHECKOUT_RECORD  # workflow imports this module
+
+    if (git_dir(tree) / CHECKOUT_RECORD).is_file():
+        raise StateError(
+            f"{tree} is a tree for editing the series (moe-patch checkout or rebase), not one "
+            "apply made; give apply another --into"
+        )
     main = _main_worktree(tree)
     if main is not None and read_applied(main).get("tree"):
         raise StateError(
