@@ -12,9 +12,12 @@ Environment:
 ``MOE_PATCH_KILL_ON=TEXT[#K]``
     kill at the K-th (default first) child whose command line contains TEXT;
 ``MOE_PATCH_KILL_DURING=1``
-    a child boundary is killed while the child runs: as soon as a git lock file appears in
-    the repository it works in, else the moment it exits (before moe-patch reads its answer);
-    otherwise the group is killed just before the boundary;
+    a child boundary is killed while the child runs: a git child is given the hooks of
+    ``git_kill_hooks/``, which end the group while git holds ``index.lock`` (its "file system
+    monitor", asked when it reads the index under the lock) or the locks of the refs it
+    updates (``reference-transaction``); any child that takes no lock is killed the moment
+    it exits, before moe-patch reads its answer.  Otherwise the group is killed just before
+    the boundary;
 ``MOE_PATCH_KILL_LOG=FILE``
     append one line per boundary to FILE (``child ARGV`` / ``fs OP PATH``): how a test counts
     them in an uninterrupted run and chooses its points.
@@ -37,7 +40,7 @@ _AT = int(os.environ.get("MOE_PATCH_KILL_AT") or 0)
 _ON, _, _NTH = (os.environ.get("MOE_PATCH_KILL_ON") or "").partition("#")
 _DURING = os.environ.get("MOE_PATCH_KILL_DURING") == "1"
 _LOG = os.environ.get("MOE_PATCH_KILL_LOG")
-_LOCKS = (".git/index.lock", ".git/HEAD.lock", "index.lock", "HEAD.lock")
+_GIT_HOOKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "git_kill_hooks")
 
 _count = 0
 _matches = 0
@@ -63,15 +66,23 @@ def _boundary(kind: str, text: str) -> bool:
     return False
 
 
-def _watch(process: subprocess.Popen, cwd) -> None:
-    """Kill the group once ``process`` holds a git lock, or when it has exited."""
-    where = os.fspath(cwd) if cwd else os.getcwd()
-    locks = [os.path.join(where, name) for name in _LOCKS]
-    deadline = time.monotonic() + 5
-    while process.poll() is None and time.monotonic() < deadline:
-        if any(os.path.exists(lock) for lock in locks):
-            break
+def _watch(process: subprocess.Popen) -> None:
+    """Kill the group when ``process`` has exited (if a kill hook has not ended it first)."""
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
     _die()
+
+
+def _with_kill_hooks(args: list) -> list:
+    """``git ARGS`` with the kill hooks of ``git_kill_hooks/`` configured last, so that they
+    win over moe-patch's own settings: git ends the run itself while it holds its locks."""
+    at = 1
+    while at < len(args) and args[at] in ("-c", "-C"):
+        at += 2
+    hooks = ["-c", f"core.hooksPath={_GIT_HOOKS}", "-c", f"core.fsmonitor={_GIT_HOOKS}/fsmonitor"]
+    return [*args[:at], *hooks, *args[at:]]
 
 
 def install() -> None:
@@ -82,9 +93,11 @@ def install() -> None:
         chosen = _boundary("child", text)
         if chosen and not _DURING:
             _die()
+        if chosen and isinstance(args, list) and args[:1] == ["git"]:
+            args = _with_kill_hooks(args)
         real_init(self, args, *rest, **kwargs)
         if chosen:
-            _watch(self, kwargs.get("cwd"))
+            _watch(self)
 
     subprocess.Popen.__init__ = popen_init
 

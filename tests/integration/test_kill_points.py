@@ -4,21 +4,24 @@ A run of each command is first made uninterrupted with the test-only hook of
 :mod:`killhook` counting its boundaries: every git or pip child it starts, and every change it
 makes to the file system itself.  Then, for each of ``POINTS`` boundaries spread over that
 run, the command is started again and its whole process group is SIGKILLed there (children
-included; at a child boundary both just before the child starts and while it runs, as soon as
-it holds a git lock), and the same command is run once more.  That next run must succeed and
+included; at a child boundary both just before the child starts and while it runs, git holding
+its locks), and the same command is run once more.  That next run must succeed and
 give what an uninterrupted run gives (the same commits, files, wheel bytes, installed bytes),
 and nothing may be left behind: no scratch folder beside the target, in the cache or in the
 temporary folder, no half-written file, no git lock.
 
-Points are chosen from the boundaries deterministically (evenly over the child boundaries and
-over the file-system ones), so a failure names its point and reproduces: run the command with
-``MOE_PATCH_KILL_AT=<n>`` (and ``MOE_PATCH_KILL_DURING=1``) through ``killhook``.
+Points are chosen from the boundaries deterministically (each git command that writes, killed
+while it holds its locks; then evenly over the other child boundaries and the file-system
+ones), so a failure names its point and reproduces: run the command with
+``MOE_PATCH_KILL_AT=<n>`` (and ``MOE_PATCH_KILL_DURING=1``) through ``killhook``.  The apply
+and rebase sweeps also check that many of their kills left git's own lock files in the tree.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -62,19 +65,29 @@ def _spread(items: list, count: int) -> list:
     return [items[round(i * step)] for i in range(count)]
 
 
+# git commands that write the index, refs or objects: each is also killed while it runs (and
+# holds index.lock, where it writes the index), before the points spread over the rest.
+_WRITES = re.compile(r"^child git (-c \S+ )*(am|checkout|cherry-pick|clone|commit|reset|add)\b")
+
+
 def choose(lines: list[str], count: int, first: int = 1, last: int | None = None) -> list[Point]:
-    """``count`` points over boundaries ``first``..``last``: three in five at child
-    boundaries (before and during), the rest at file-system ones."""
+    """``count`` points over boundaries ``first``..``last``: every git command that writes,
+    killed while it runs; then three in five of the rest at child boundaries (before and
+    during), the others at file-system ones."""
     window = list(enumerate(lines, 1))[first - 1 : last]
+    writing = [Point(n, True, line) for n, line in window if _WRITES.match(line)]
+    chosen = _spread(writing, count)
     children = [
         Point(n, during, line)
         for n, line in window
         if line.startswith("child ")
         for during in (False, True)
+        if Point(n, during, line) not in chosen
     ]
     files = [Point(n, False, line) for n, line in window if line.startswith("fs ")]
-    on_children = min(len(children), max(count - len(files), math.ceil(count * 0.6)))
-    chosen = _spread(children, on_children) + _spread(files, count - on_children)
+    left = count - len(chosen)
+    on_children = min(len(children), max(left - len(files), math.ceil(left * 0.6)))
+    chosen += _spread(children, on_children) + _spread(files, left - on_children)
     assert len(set(chosen)) == count, f"only {len(set(chosen))} of {count} points to choose from"
     return sorted(set(chosen), key=lambda p: (p.at, p.during))
 
@@ -116,6 +129,14 @@ def left_behind(*, beside=(), cache: Path | None = None, temporary=None, trees=(
             elif name == "moe-patch-owner.json" or name.startswith("tmp_"):
                 found.append(str(path.relative_to(tree)))
     return found
+
+
+def git_locks(tree: Path) -> list[str]:
+    """The lock files git has in ``tree`` (moe-patch's own lock file is not git's)."""
+    if not (tree / ".git").is_dir():
+        return []
+    found = (tree / ".git").rglob("*.lock")
+    return sorted(p.name for p in found if p.name != "moe-patch.lock")
 
 
 @pytest.fixture
@@ -167,12 +188,14 @@ def test_kill_apply(world, tmp_path):
 
     existing = tmp_path / "existing"
     cli(["apply", "--vllm", "1.0.0", "--into", str(existing)], env)
+    caught = 0  # points where the kill left git's own lock files in the tree
     for number, (kind, point) in enumerate(plan):
         template = None if kind == "cold" else warm_cache
         cache = _fresh_cache(env, tmp_path / "cache-point", template)
         into = existing if kind == "again" else tmp_path / f"t-{number}"
         args = ["apply", "--vllm", "1.0.0", "--into", str(into)]
         kill(args, env, point)
+        caught += bool(git_locks(into))
         cli(args, env, point)
         assert git(into, "rev-parse", "moe-patch/v1.0.0") == head, point
         assert git(into, "rev-parse", "--abbrev-ref", "HEAD") == "moe-patch/v1.0.0", point
@@ -184,6 +207,7 @@ def test_kill_apply(world, tmp_path):
         assert stray == [], point
         if kind != "again":
             shutil.rmtree(into)
+    assert caught >= 5, f"only {caught} kills left git locks: the sweep misses the case"
 
 
 def test_kill_apply_installed(world, tmp_path):
@@ -247,11 +271,13 @@ def test_kill_rebase(world, tmp_path):
     written = {p.name: p.read_bytes() for p in (root / "v1.1.0").iterdir()}
     assert set(written) == {"series", "jit.patch", "extra.patch"}
 
+    caught = 0  # points where the kill left git's own lock files in the tree
     for number, point in enumerate(choose(lines, POINTS)):
         root = fresh_series("series")
         into = tmp_path / f"r-{number}"
         args = ["rebase", "--onto", "1.1.0", "--into", str(into)]
         kill(args, env, point)
+        caught += bool(git_locks(into))
         cli(args, env, point)
         assert {p.name: p.read_bytes() for p in (root / "v1.1.0").iterdir()} == written, point
         assert git(into, "rev-parse", "HEAD") == head, point
@@ -262,6 +288,7 @@ def test_kill_rebase(world, tmp_path):
         )
         assert stray + left_behind(trees=[into]) == [], point
         shutil.rmtree(into)
+    assert caught >= 5, f"only {caught} kills left git locks: the sweep misses the case"
 
 
 def test_kill_wheel(world, tmp_path):

@@ -72,6 +72,33 @@ def test_git_locks_a_killed_apply_left_are_removed_by_the_next_run(
     assert git(into, "status", "--porcelain") == ""
 
 
+@pytest.mark.parametrize(
+    ("command", "locks"),
+    [
+        ("checkout -q --detach", ["index.lock"]),
+        ("git am", ["REBASE_HEAD.lock", "packed-refs.lock"]),
+        ("checkout -q -B", ["index.lock"]),
+    ],
+)
+def test_an_apply_killed_while_its_git_holds_locks_is_finished_by_the_next(
+    fake_index, series_root, tmp_path, command, locks
+):
+    """The kill of issue 44: the process group SIGKILLed while git holds ``index.lock`` (or
+    the locks of the refs it updates); every later run failed with exit 1 "git reset
+    failed ... please report it"."""
+    into = _applied(tmp_path, fake_index)
+    head = git(into, "rev-parse", "HEAD")
+    args = ["apply", "--vllm", "1.0.0", "--into", str(into)]
+    killed = run_killed(args, dict(os.environ), on=command, during=True)
+    assert killed.returncode == -signal.SIGKILL
+    assert [(into / ".git" / name).exists() for name in locks] == [True] * len(locks)
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    assert list((into / ".git").rglob("*.lock")) == [into / ".git" / "moe-patch.lock"]
+    assert git(into, "rev-parse", "HEAD") == head
+    assert git(into, "status", "--porcelain") == ""
+
+
 def test_clean_into_removes_the_git_locks_of_a_killed_run(fake_index, series_root, tmp_path):
     into = _applied(tmp_path, fake_index)
     _killed_holding(into, "index.lock")
