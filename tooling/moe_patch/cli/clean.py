@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..commands.clean import clean
-from ..errors import EXIT_BUSY, EXIT_LOCAL_IO, BusyError, command_epilog
+from ..errors import EXIT_BUSY, EXIT_LOCAL_IO, EXIT_USAGE, BusyError, command_epilog
 from ..report import render_clean
 from .options import Folder
 
@@ -18,10 +18,10 @@ from .options import Folder
     epilog=command_epilog(
         [
             "moe-patch clean --dry-run                     # what killed runs left, with sizes",
-            "moe-patch clean --into vllm-0.21.0            # also scratch trees beside it",
+            "moe-patch clean --into vllm-0.21.0            # also what killed runs left there",
             "moe-patch clean --all                         # empty the cache",
         ],
-        {EXIT_BUSY, EXIT_LOCAL_IO},
+        {EXIT_USAGE, EXIT_BUSY, EXIT_LOCAL_IO},
     ),
 )
 @click.option(
