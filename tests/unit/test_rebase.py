@@ -302,6 +302,6 @@ def test_writing_the_series_removes_what_a_killed_run_left(tmp_path):
     (left / "series").write_text("half written\n")
     live = tmp_path / f".tmp-v1.1.0-{os.getpid()}-efgh5678"
     live.mkdir()
-    rebase._write_series(tmp_path, tmp_path / "v1.1.0", "1.1.0", {"series": b"x.patch\n"})
+    rebase._write_series(tmp_path / "v1.1.0", {"series": b"x.patch\n"})
     assert (tmp_path / "v1.1.0" / "series").read_bytes() == b"x.patch\n"
     assert not left.exists() and live.exists()

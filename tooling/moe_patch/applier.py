@@ -14,15 +14,15 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import json
+import os
 import re
-import tempfile
 from pathlib import Path
 
 import git
 from packaging.version import Version
 
-from . import cache, gitutil, probes, trees
-from .errors import BusyError, MoePatchError, PatchFormatError, StateError
+from . import cache, gitutil, probes, trees, ui
+from .errors import MoePatchError, PatchFormatError, StateError
 from .patchfile import Patch
 from .report import (
     APPLIED,
@@ -34,6 +34,7 @@ from .report import (
     PatchOutcome,
 )
 from .series import Series
+from .treelock import common_dir, git_dir, target_lock
 
 STATE_FILE = "moe-patch-state.json"
 _FAILED_AT = re.compile(r"error: patch failed: (.+):(\d+)")
@@ -45,36 +46,139 @@ def branch_name(version: str) -> str:
 
 
 def read_applied(tree: Path) -> dict:
+    return _read_record(git_dir(tree) / STATE_FILE)
+
+
+def _read_record(path: Path) -> dict:
     try:
-        return json.loads((git_dir(tree) / STATE_FILE).read_text())
+        record = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return record if isinstance(record, dict) else {}
 
 
 def _write_applied(tree: Path, state: dict) -> None:
+    state = {**state, "tree": str(tree)}  # the evidence that this tree is moe-patch's
     data = (json.dumps(state, indent=1, sort_keys=True) + "\n").encode()
     cache.write_atomic(git_dir(tree) / STATE_FILE, data)  # a kill never leaves half a file
 
 
-def git_dir(tree: Path) -> Path:
-    return Path(gitutil.run(tree, "rev-parse", "--absolute-git-dir"))
+def record_made(tree: Path, final: Path, version: str, base: str) -> None:
+    """Mark a tree this run made for ``version`` (on release commit ``base``) as moe-patch's,
+    before it is renamed to ``final``: a run killed before its first patch still finds the
+    tree its own."""
+    data = {"tree": str(final), "bases": {branch_name(version): base}}
+    text = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
+    cache.write_atomic(tree / ".git" / STATE_FILE, text)
 
 
-@contextlib.contextmanager
-def target_lock(tree: Path):
-    import filelock
-
-    lock = filelock.FileLock(str(git_dir(tree) / "moe-patch.lock"))
+def _same_dir(a: str | Path, b: str | Path) -> bool:
     try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        raise BusyError(
-            f"another moe-patch run is changing {tree}; wait for it to finish"
-        ) from None
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+# --- whose tree is it ---------------------------------------------------------------
+
+
+def owned_base(tree: Path, version: str, source: Path | None = None) -> str:
+    """The release commit of ``tree``, if it is a tree moe-patch made for ``version``.
+
+    The evidence is what moe-patch wrote and can check: its state record in the tree's git
+    directory names this very tree (records of earlier moe-patch versions name none) and the
+    release commit it was made from, which the tree holds.  Any other tree is the user's
+    (a clone of their own, a worktree, a --source): a :class:`StateError` that says what to
+    do, and nothing is changed."""
+    gitutil.open_repo(tree)  # a git tree at all, else a usage error
+    record = read_applied(tree)
+    named = record.get("tree")
+    base = record.get("bases", {}).get(branch_name(version))
+    if source is not None and _same_dir(source, tree):
+        raise StateError(
+            f"--source and --into are both {tree}: moe-patch patches a copy of --source in a "
+            "new --into, or the checkout itself on a new branch with --in-place"
+        )
+    if named is not None and not _same_dir(named, tree):
+        raise StateError(
+            f"{tree} holds the record of the tree moe-patch made at {named} (it was moved or "
+            "copied); move it back, or give a new --into"
+        )
+    if base and _has_commit(tree, base):
+        return base
+    if record.get("bases") and named is not None:
+        made = ", ".join(sorted(b.removeprefix("moe-patch/v") for b in record["bases"]))
+        raise StateError(
+            f"{tree} is the tree moe-patch made for vLLM {made}; give another --into for "
+            f"vLLM {version}"
+        )
+    from .workflow import STATE_FILE as CHECKOUT_RECORD  # workflow imports this module
+
+    if (git_dir(tree) / CHECKOUT_RECORD).is_file():
+        raise StateError(
+            f"{tree} is a tree for editing the series (moe-patch checkout or rebase), not one "
+            "apply made; give apply another --into"
+        )
+    main = _main_worktree(tree)
+    if main is not None and read_applied(main).get("tree"):
+        raise StateError(
+            f"{tree} is a git worktree of {main}, which moe-patch made; apply --into {main}, "
+            f"or patch this worktree on a new branch with --source {tree} --in-place"
+        )
+    raise StateError(
+        f"{tree} is a git checkout moe-patch did not make; give another --into, or patch it "
+        f"on a new branch with --source {tree} --in-place"
+    )
+
+
+def _has_commit(tree: Path, commit: str) -> bool:
     try:
-        yield
-    finally:
-        lock.release()
+        gitutil.run(tree, "cat-file", "-e", f"{commit}^{{commit}}")
+        return True
+    except git.GitCommandError:
+        return False
+
+
+def _worktrees(tree: Path) -> list[tuple[Path, str | None]]:
+    """Every work tree of ``tree``'s repository, the main one first, with its branch."""
+    listing = gitutil.run(tree, "worktree", "list", "--porcelain")
+    found: list[tuple[Path, str | None]] = []
+    for block in listing.split("\n\n"):
+        fields = dict(line.split(" ", 1) for line in block.splitlines() if " " in line)
+        if "worktree" in fields:
+            found.append((Path(fields["worktree"]), fields.get("branch")))
+    return found
+
+
+def _main_worktree(tree: Path) -> Path | None:
+    """The main work tree of the repository ``tree`` is a linked worktree of (else None)."""
+    if common_dir(tree) == git_dir(tree):
+        return None
+    found = _worktrees(tree)
+    return found[0][0] if found else None
+
+
+def _heads_made(tree: Path) -> set[str]:
+    """The branch heads moe-patch recorded in any work tree of ``tree``'s repository: refs
+    are shared by all of them, so a branch made in one is moe-patch's in the others too."""
+    common = common_dir(tree)
+    records = [common / STATE_FILE, *sorted(common.glob(f"worktrees/*/{STATE_FILE}"))]
+    heads: set[str] = set()
+    for path in records:
+        record = _read_record(path)
+        heads.update(v for v in record.get("heads", {}).values() if isinstance(v, str))
+        running = record.get("running") or {}
+        heads.update(running[k] for k in ("from", "to") if isinstance(running.get(k), str))
+    return heads
+
+
+def _refuse_branch_of_another_worktree(tree: Path, branch: str) -> None:
+    for path, checked_out in _worktrees(tree):
+        if checked_out == f"refs/heads/{branch}" and not _same_dir(path, tree):
+            raise StateError(
+                f"branch {branch} is checked out in {path}, another work tree of {tree}'s "
+                f"repository; apply --into {path}, or switch that tree to another branch"
+            )
 
 
 def _identity(patch: Patch) -> dict[str, str]:
@@ -171,8 +275,8 @@ def _write_series_blobs(tree: Path, patches: list[Patch]) -> None:
     index or files): ``git apply --cached`` stores every postimage blob."""
     if not patches:
         return
-    with tempfile.TemporaryDirectory(prefix="moe-patch-index-") as scratch:
-        env = {"GIT_INDEX_FILE": str(Path(scratch) / "index")}
+    with cache.scratch("index") as scratch:
+        env = {"GIT_INDEX_FILE": str(scratch / "index")}
         gitutil.run(tree, "read-tree", "FETCH_HEAD", env=env)
         for patch in patches:
             try:
@@ -204,11 +308,13 @@ def apply_series(
         gitutil.require_clean(repo, "target tree")
         previous = _branch_head(tree, branch)
         ours = {state.get("heads", {}).get(branch), running.get("from"), running.get("to")}
-        if previous and previous not in ours:
+        if previous and previous not in ours | _heads_made(tree):
             raise StateError(
                 f"branch {branch} in {tree} has commits moe-patch did not make; "
                 "move them to another branch or delete it, then run again"
             )
+        _refuse_branch_of_another_worktree(tree, branch)
+        was_on = running.get("was_on") if running else _current_branch(tree)
         check_symlinks(tree, base, patches)
         for patch in patches:
             for declaration in patch.trailer_values("Upstream-Probe"):
@@ -216,7 +322,9 @@ def apply_series(
 
         if not running:
             _refuse_unsaved_detached_head(tree, base)
-        _write_applied(tree, {**state, "running": {"branch": branch, "from": previous}})
+        _write_applied(
+            tree, {**state, "running": {"branch": branch, "from": previous, "was_on": was_on}}
+        )
         gitutil.run(tree, "checkout", "-q", "--detach", base)
         fetched_base = Version(series.base) == Version(version)
         failed = False
@@ -252,10 +360,24 @@ def apply_series(
         heads[branch] = head
         done = {"heads": heads, "bases": {**state.get("bases", {}), branch: base}}
         # A kill between these two writes leaves "running" set with both heads known.
-        _write_applied(tree, {**done, "running": {"branch": branch, "from": previous, "to": head}})
+        _write_applied(
+            tree,
+            {**done, "running": {"branch": branch, "from": previous, "to": head, "was_on": was_on}},
+        )
         gitutil.run(tree, "checkout", "-q", "-B", branch, head)
         _write_applied(tree, done)
+    if was_on and was_on != branch:
+        ui.info(
+            f"{tree}: switched from branch {was_on} to {branch} (git switch {was_on} goes back)"
+        )
     return report
+
+
+def _current_branch(tree: Path) -> str | None:
+    try:
+        return gitutil.run(tree, "symbolic-ref", "-q", "--short", "HEAD")
+    except git.GitCommandError:  # detached
+        return None
 
 
 def _recover_interrupted(tree: Path) -> None:
@@ -286,10 +408,6 @@ def _refuse_unsaved_detached_head(tree: Path, base: str) -> None:
         f"HEAD of {tree} is detached at {head[:12]} with commits on no branch; "
         "save them with git switch -c NAME, then run again"
     )
-
-
-def recorded_base(tree: Path, version: str) -> str | None:
-    return read_applied(tree).get("bases", {}).get(branch_name(version))
 
 
 def _branch_head(tree: Path, branch: str) -> str | None:

@@ -8,10 +8,11 @@ which honours ``XDG_CACHE_HOME``)::
     trees/vX.Y.Z.git                      bare git repository, one commit tagged vX.Y.Z
     tools/ruff-X.Y.Z                      the ruff a tree pins (see lint.py)
     locks/<name>.lock                     one lock per entry
+    scratch/<purpose>-<run>-XXXX          a run's throwaway trees (see :func:`scratch`)
 
 Every entry is built beside its final name and renamed into place, so an entry
 that exists is complete; a killed run leaves only ``*.part-*`` / ``.tmp-*``
-names, which nothing trusts and the next run removes.
+names and its scratch folders, which nothing trusts and the next run removes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import filelock
 import platformdirs
 
+from . import owners
 from .errors import BusyError, UsageError
 
 DEFAULT_LOCK_TIMEOUT = 900.0  # seconds; MOE_PATCH_LOCK_TIMEOUT overrides it
@@ -85,8 +87,12 @@ def locked(name: str, timeout: float | None = None) -> Iterator[None]:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all: a scratch file beside it, renamed over it.  The
+    scratch name carries this run's tag, so the next write of ``path`` removes the scratch
+    a killed run left (and never a live writer's)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.part-")
+    owners.sweep(path.parent, f".{path.name}.part-")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.part-{owners.tag()}-")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -95,6 +101,29 @@ def write_atomic(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+SCRATCH = "scratch"
+
+
+@contextlib.contextmanager
+def scratch(purpose: str) -> Iterator[Path]:
+    """A new empty folder under ``<cache>/scratch`` for a run's throwaway work, removed when
+    the block ends (``purpose``: lower-case letters).  Its name carries this run's tag: the
+    next run that makes scratch (and ``moe-patch clean``) removes the folders of runs that
+    were killed."""
+    directory = subdir(SCRATCH)
+    owners.sweep(directory, f"{purpose}-")
+    path = Path(tempfile.mkdtemp(dir=directory, prefix=f"{purpose}-{owners.tag()}-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def scratch_folders() -> list[tuple[Path, bool]]:
+    """Every scratch folder, with whether the run that made it is alive."""
+    return owners.tagged(root() / SCRATCH, "[a-z]+-")
 
 
 def remove_leftovers(directory: Path, name: str) -> None:

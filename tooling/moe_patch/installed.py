@@ -40,7 +40,7 @@ from installer.records import Hash, InvalidRecordEntry, RecordEntry, parse_recor
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from . import __version__, cache, gpu_runs, release_diff, series, versions
+from . import __version__, cache, gpu_runs, release_diff, series, ui, versions
 from . import wheel as wheels
 from .errors import IntegrityError, LocalIOError, StateError, UsageError
 from .report import as_json
@@ -347,16 +347,19 @@ def apply(
         state = read_patch_record(install)
         rdiff = release_diff.build(version, settings, only)
         patches = _patch_list(rdiff)
+        if state is not None and state.status != APPLIED:
+            # A run killed part-way: put back what it changed (as revert does), start again.
+            _undo(install, state)
+            ui.info(
+                f"an earlier apply to {install.dist_info.parent} was interrupted; "
+                "rolled back what it had changed, applying again"
+            )
+            state = None
         if state is not None:
-            if state.status == APPLIED and state.patches == patches:
+            if state.patches == patches:
                 _fill(report, state, install)
                 report.state = "unchanged (already applied)"
                 return report
-            if state.status != APPLIED:
-                raise StateError(
-                    f"an earlier apply to {install.dist_info.parent} was interrupted; "
-                    "run moe-patch revert --installed first"
-                )
             raise StateError(
                 f"the installed vLLM is already patched with another series or selection "
                 f"(moe-patch {state.moe_patch}); run moe-patch revert --installed first"
@@ -646,56 +649,64 @@ def revert(target: Path | None = None) -> InstalledReport:
                     f"(pip install --force-reinstall --no-deps vllm=={Version(install.version).public})"
                 )
             return report
-        site = install.site
-        backups = install.state_dir / BACKUP_DIR
-        changed = [f.path for f in state.files if _now(site, f) == "changed"]
-        if changed:
-            raise StateError(
-                f"{changed[0]} changed after moe-patch patched it"
-                + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
-                + "; revert would lose that change: reinstall vllm instead "
-                f"(pip install --force-reinstall --no-deps vllm=={Version(install.version).public})"
-            )
-        saved = {}
-        for entry in state.files:
-            if entry.before is not None:
-                data = _read(backups / entry.path, f"moe-patch's backup of {entry.path}")
-                if hashlib.sha256(data).hexdigest() != entry.before["sha256"]:
-                    raise IntegrityError(
-                        f"moe-patch's backup of {entry.path} is corrupt; reinstall vllm "
-                        f"(pip install --force-reinstall --no-deps vllm=={install.version})"
-                    )
-                saved[entry.path] = data
-        record_backup = _read(
-            backups / install.dist_info.name / "RECORD", "moe-patch's backup of RECORD"
-        )
-        if hashlib.sha256(record_backup).hexdigest() != state.record.get("sha256"):
-            raise IntegrityError(
-                "moe-patch's backup of RECORD is corrupt; reinstall vllm "
-                f"(pip install --force-reinstall --no-deps vllm=={install.version})"
-            )
-        for entry in state.files:
-            path = site / entry.path
-            if entry.before is None:
-                path.unlink(missing_ok=True)
-                for pyc in _pycs(site, entry.path):  # written by Python on import
-                    (site / pyc).unlink(missing_ok=True)
-            else:
-                _restore(path, saved[entry.path], entry.before)
-        _restore(install.dist_info / "RECORD", record_backup, state.record)
-        _remove_partial_writes(install, state)
-        for directory in reversed(state.created_dirs):
-            pycache = site / directory / "__pycache__"
-            with contextlib.suppress(OSError):
-                if pycache.is_dir() and not any(pycache.iterdir()):
-                    pycache.rmdir()
-                (site / directory).rmdir()
-        shutil.rmtree(install.state_dir)
+        _undo(install, state)
         _fill(report, state, install)
         report.state = "reverted"
         for item in report.files:
             item["now"] = "release"
     return report
+
+
+def _undo(install: Install, state: State) -> None:
+    """Put back every file ``state`` recorded, byte for byte, and drop moe-patch's record
+    (call under the install's lock).  The record goes last, its state file first: a run
+    killed in here leaves either the record whole, to undo again, or nothing to undo."""
+    site = install.site
+    backups = install.state_dir / BACKUP_DIR
+    changed = [f.path for f in state.files if _now(site, f) == "changed"]
+    if changed:
+        raise StateError(
+            f"{changed[0]} changed after moe-patch patched it"
+            + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
+            + "; revert would lose that change: reinstall vllm instead "
+            f"(pip install --force-reinstall --no-deps vllm=={Version(install.version).public})"
+        )
+    saved = {}
+    for entry in state.files:
+        if entry.before is not None:
+            data = _read(backups / entry.path, f"moe-patch's backup of {entry.path}")
+            if hashlib.sha256(data).hexdigest() != entry.before["sha256"]:
+                raise IntegrityError(
+                    f"moe-patch's backup of {entry.path} is corrupt; reinstall vllm "
+                    f"(pip install --force-reinstall --no-deps vllm=={install.version})"
+                )
+            saved[entry.path] = data
+    record_backup = _read(
+        backups / install.dist_info.name / "RECORD", "moe-patch's backup of RECORD"
+    )
+    if hashlib.sha256(record_backup).hexdigest() != state.record.get("sha256"):
+        raise IntegrityError(
+            "moe-patch's backup of RECORD is corrupt; reinstall vllm "
+            f"(pip install --force-reinstall --no-deps vllm=={install.version})"
+        )
+    for entry in state.files:
+        path = site / entry.path
+        if entry.before is None:
+            path.unlink(missing_ok=True)
+            for pyc in _pycs(site, entry.path):  # written by Python on import
+                (site / pyc).unlink(missing_ok=True)
+        else:
+            _restore(path, saved[entry.path], entry.before)
+    _restore(install.dist_info / "RECORD", record_backup, state.record)
+    _remove_partial_writes(install, state)
+    for directory in reversed(state.created_dirs):
+        pycache = site / directory / "__pycache__"
+        with contextlib.suppress(OSError):
+            if pycache.is_dir() and not any(pycache.iterdir()):
+                pycache.rmdir()
+            (site / directory).rmdir()
+    (install.state_dir / STATE_FILE).unlink()
+    shutil.rmtree(install.state_dir)
 
 
 # ---------------------------------------------------------------- status
@@ -757,7 +768,10 @@ def status(target: Path | None = None, settings: Settings | None = None) -> Inst
     nows = {f["now"] for f in report.files}
     if state.status != APPLIED:
         report.state = "interrupted"
-        report.detail = "an apply was interrupted: run moe-patch revert --installed"
+        report.detail = (
+            "an apply was interrupted: run moe-patch apply --installed again to finish it, "
+            "or revert --installed to undo it"
+        )
     elif "changed" in nows:
         report.state = "changed"
         report.detail = "files changed after moe-patch patched them (see below)"

@@ -23,10 +23,8 @@ returned.  The state of a rebase in progress lives in ``.git/moe-patch-rebase/``
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -42,6 +40,7 @@ from . import (
     patchfile,
     series,
     sources,
+    treelock,
     trees,
     ui,
     workflow,
@@ -177,19 +176,18 @@ def start(
     if Version(base) == Version(onto):
         raise UsageError(f"the series is already based on {onto}; rebase it onto another release")
     into = (into or Path.cwd() / f"vllm-{onto}-rebase").expanduser().absolute()
-    if (into / ".git").is_dir() and in_progress(into):
-        raise StateError(
-            f"a moe-patch rebase is already in progress in {into} (stopped or interrupted); "
-            f"run moe-patch rebase --continue --into {into} (or --abort --into {into})"
-        )
+    if (into / ".git").is_dir():
+        again = _run_again(into, onto, base)
+        if again is not None:
+            return again
     target = root / f"v{onto}"
     if target.exists():
         raise UsageError(
             f"{target} already exists; remove it to rebase again, or edit it with checkout/export"
         )
     old = series.load(base, root)
-    if (into / ".git" / STATE_DIR).is_dir():  # a run killed while it set the tree up
-        shutil.rmtree(into)
+    if (into / ".git" / STATE_DIR).is_dir() and _read_done(into) is None:
+        shutil.rmtree(into)  # a run killed while it set the tree up
     if into.exists() and any(into.iterdir()):
         raise UsageError(f"{into} exists and is not empty; choose another --into")
 
@@ -243,12 +241,41 @@ def start(
     return _run(state)
 
 
+def _run_again(into: Path, onto: str, base: str) -> RebaseResult | None:
+    """The same ``rebase --onto`` run again on ``into``: it goes on with the rebase a killed
+    run left there, or reports the one that finished (if the tree and the new series are
+    still what it made); None when ``into`` holds neither."""
+    if in_progress(into):
+        state = _load(into)
+        stopped = state.current < len(state.steps) and state.steps[state.current].result == CONFLICT
+        if stopped or (state.onto, state.base) != (onto, base):
+            raise StateError(
+                f"a moe-patch rebase is already in progress in {into} (stopped or interrupted); "
+                f"run moe-patch rebase --continue --into {into} (or --abort --into {into})"
+            )
+        ui.info(f"going on with the rebase onto vLLM {onto} that a run left in {into}")
+        return continue_(into)
+    done = _read_done(into)
+    if done is None or (done.state.onto, done.state.base) != (onto, base):
+        return None
+    with treelock.target_lock(into):  # and what a run killed at its very end left
+        shutil.rmtree(_state_dir(into), ignore_errors=True)
+        target = Path(done.series_dir)
+        if not target.is_dir():
+            return None  # removed since, to rebase again: the caller says where
+        present = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
+        if present != _series_files(into, done.state):
+            return None  # edited since: the caller says that the new series exists
+    ui.info(f"the rebase onto vLLM {onto} in {into} is done; nothing left to do")
+    return done
+
+
 # --- the loop -----------------------------------------------------------------------
 
 
 def _run(state: RebaseState) -> RebaseResult:
     tree = Path(state.tree)
-    with applier.target_lock(tree):
+    with treelock.target_lock(tree):
         while state.current < len(state.steps):
             step = state.steps[state.current]
             _replay(state, step)
@@ -303,7 +330,7 @@ def first_release_with(patch: patchfile.Patch, base: str, onto: str) -> str:
         repo = trees.cached_repo(version)
         if repo is None:
             continue
-        with tempfile.TemporaryDirectory(prefix="moe-patch-probe-") as scratch:
+        with cache.scratch("probe") as scratch:
             gitutil.run(scratch, "init", "-q")  # git apply works relative to this root
             for name in patch.files:
                 try:
@@ -315,9 +342,9 @@ def first_release_with(patch: patchfile.Patch, base: str, onto: str) -> str:
                     )
                 except git.GitCommandError:
                     continue
-                (Path(scratch) / name).parent.mkdir(parents=True, exist_ok=True)
-                (Path(scratch) / name).write_text(data)
-            if applier.upstream_evidence(Path(scratch), patch):
+                (scratch / name).parent.mkdir(parents=True, exist_ok=True)
+                (scratch / name).write_text(data)
+            if applier.upstream_evidence(scratch, patch):
                 return version
     return onto
 
@@ -425,7 +452,7 @@ def _stopped(tree: Path) -> RebaseState:
 
 def continue_(into: Path | None = None) -> RebaseResult:
     tree = find_tree(into)
-    with applier.target_lock(tree):
+    with treelock.target_lock(tree):
         state = _load(tree)
         if state.current < len(state.steps):  # else only the finishing step was interrupted
             if state.steps[state.current].result != CONFLICT:
@@ -477,7 +504,7 @@ def _take_resolution(tree: Path, state: RebaseState) -> None:
 
 def skip(into: Path | None = None) -> RebaseResult:
     tree = find_tree(into)
-    with applier.target_lock(tree):
+    with treelock.target_lock(tree):
         state = _stopped(tree)
         gitutil.run(tree, "reset", "-q", "--hard", state.stopped_head or "HEAD")
         step = state.steps[state.current]
@@ -491,30 +518,55 @@ def skip(into: Path | None = None) -> RebaseResult:
 def abort(into: Path | None = None) -> RebaseState:
     """Give the rebase up: its tree is removed; the series directories were never touched."""
     tree = find_tree(into)
-    with applier.target_lock(tree):
+    with treelock.target_lock(tree):
         state = _load(tree)
         if Path(state.tree) != tree:
             raise StateError(f"the rebase state in {tree} names another tree; remove it by hand")
-    shutil.rmtree(tree)
+    doomed = sources.scratch_beside(tree)  # gone from its name at once: a kill leaves scratch
+    tree.rename(doomed / tree.name)
+    shutil.rmtree(doomed)
     return state
 
 
 # --- finishing ----------------------------------------------------------------------
 
 
+DONE_FILE = "moe-patch-rebase-done.json"  # in the git directory: what the finished rebase did
+
+
+def _series_files(tree: Path, state: RebaseState) -> dict[str, bytes]:
+    """The new series' files as ``tree``'s commits on ``ONTO`` export them."""
+    exported = workflow.exported_series(tree, state.onto_commit)
+    files = {i.name: i.data for i in exported}
+    files[series.SERIES_FILE] = "".join(f"{i.name}\n" for i in exported).encode()
+    return files
+
+
+def _read_done(tree: Path) -> RebaseResult | None:
+    try:
+        data = json.loads((applier.git_dir(tree) / DONE_FILE).read_text())
+        data["state"]["steps"] = [Step(**s) for s in data["state"]["steps"]]
+        return RebaseResult(
+            state=RebaseState(**data["state"]),
+            done=True,
+            series_dir=data["series_dir"],
+            range_diff=data["range_diff"],
+        )
+    except (OSError, ValueError, KeyError, TypeError, git.GitCommandError):
+        return None
+
+
 def _finish(state: RebaseState) -> RebaseResult:
     tree = Path(state.tree)
     root = Path(state.series_root)
     target = root / f"v{state.onto}"
-    exported = workflow.exported_series(tree, state.onto_commit)
-    files = {i.name: i.data for i in exported}
-    files[series.SERIES_FILE] = "".join(f"{i.name}\n" for i in exported).encode()
+    files = _series_files(tree, state)
     if target.exists():
         present = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
         if present != files:  # else: a killed run got this far; finish what it started
             raise StateError(f"{target} appeared while the rebase ran; move it away and --continue")
     else:
-        _write_series(root, target, state.onto, files)
+        _write_series(target, files)
     result = RebaseResult(state=state, done=True, series_dir=str(target))
     for step in state.steps:
         if step.applied_upstream:
@@ -532,15 +584,20 @@ def _finish(state: RebaseState) -> RebaseResult:
         )
     except git.GitCommandError as exc:
         result.range_diff = f"(git range-diff failed: {str(exc.stderr).strip()})"
+    done = {"state": asdict(state), "series_dir": str(target), "range_diff": result.range_diff}
+    cache.write_atomic(
+        applier.git_dir(tree) / DONE_FILE, (json.dumps(done, indent=1) + "\n").encode()
+    )
+    # state.json first: from then on the rebase is done, whatever of the rest a kill leaves
+    (_state_dir(tree) / "state.json").unlink()
     shutil.rmtree(_state_dir(tree), ignore_errors=True)
     return result
 
 
-def _write_series(root: Path, target: Path, onto: str, files: dict[str, bytes]) -> None:
+def _write_series(target: Path, files: dict[str, bytes]) -> None:
     """Write the new series directory whole: staged beside ``target`` (named with this
     process's id, so a later run removes what a killed one left), then renamed."""
-    sources.sweep_scratch(target)
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-{os.getpid()}-", dir=root))
+    staging = sources.scratch_beside(target)
     try:
         for name, data in files.items():
             (staging / name).write_bytes(data)
@@ -553,16 +610,22 @@ def _write_series(root: Path, target: Path, onto: str, files: dict[str, bytes]) 
 def _record_applied_upstream(path: Path, state: RebaseState, step: Step) -> str | None:
     """Add ``Applied-Upstream: ONTO`` to the old patch's trailers (if it is unchanged)."""
     kept = _state_dir(Path(state.tree)) / "old" / step.name
+    if path.is_file() and path.read_bytes() == _with_applied_upstream(kept.read_bytes(), step):
+        return str(path)  # a run killed after recording it
     if not path.is_file() or path.read_bytes() != kept.read_bytes():
         ui.warn(f"{path} changed during the rebase; not recording Applied-Upstream in it")
         return None
     patch = patchfile.read(path)
     if patch.trailer("Applied-Upstream"):
         return None
-    data = add_patch_trailer(path.read_bytes(), "Applied-Upstream", step.applied_upstream)
+    data = _with_applied_upstream(path.read_bytes(), step)
     patchfile.parse(data, path)
     cache.write_atomic(path, data)
     return str(path)
+
+
+def _with_applied_upstream(data: bytes, step: Step) -> bytes:
+    return add_patch_trailer(data, "Applied-Upstream", step.applied_upstream)
 
 
 def add_patch_trailer(data: bytes, key: str, value: str) -> bytes:

@@ -18,15 +18,13 @@ tree, so the series cannot be applied to them with ``git am``.  Instead:
 from __future__ import annotations
 
 import hashlib
-import shutil
 import stat
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 import git
 
-from . import applier, gitutil, series, sources
+from . import applier, cache, gitutil, series, sources
 from .errors import PatchFailed
 from .patchfile import check_path
 from .report import ApplyReport
@@ -94,8 +92,9 @@ def build(
     index_url = settings.index_url
     chosen = series.for_version(version, settings.series_root)
     patches = chosen.select(only)
-    scratch = Path(tempfile.mkdtemp(prefix="moe-patch-release-"))
-    try:
+    # The throwaway tree (~100 MB for a real release) lives in the cache, named after this
+    # run: a killed run's is removed by the next one, never left in the system's /tmp.
+    with cache.scratch("release") as scratch:
         work = sources.from_cache(version, scratch / f"vllm-{version}", index_url)
         report = applier.apply_series(work.path, work.base, version, chosen, only, index_url)
         if not report.ok:
@@ -120,8 +119,6 @@ def build(
         listing = gitutil.run(
             work.path, "diff", "--name-status", "--no-renames", "-z", work.base, head
         )
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     changes = []
     fields = [f for f in listing.split("\0") if f]
     for status, path in zip(fields[0::2], fields[1::2], strict=True):
@@ -204,15 +201,15 @@ def carry(
     the release diff onto ``originals`` (path -> the package's bytes)."""
     if not files:
         return {}
-    with tempfile.TemporaryDirectory(prefix="moe-patch-carry-") as scratch:
-        work = Path(scratch) / "tree"
+    with cache.scratch("carry") as scratch:
+        work = scratch / "tree"
         work.mkdir()
         gitutil.run(work, "init", "-q")
         for path, data in originals.items():
             target = work / path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        diff_file = Path(scratch) / "series.diff"
+        diff_file = scratch / "series.diff"
         diff_file.write_bytes(rdiff.diff)
         includes = [f"--include={_glob_escape(f.path)}" for f in files]
         try:

@@ -7,7 +7,7 @@ an interrupted run never leaves a half-made tree under the name the user gave.
 
 from __future__ import annotations
 
-import os
+import hashlib
 import re
 import shutil
 import tempfile
@@ -18,14 +18,13 @@ from pathlib import Path
 import git
 from packaging.version import InvalidVersion, Version
 
-from . import folders, gitutil, trees, ui
+from . import folders, gitutil, owners, trees, ui
 from .errors import (
     LOCAL_IO_WORDS,
     BusyError,
     LocalIOError,
     MoePatchError,
     NetworkError,
-    StateError,
     UsageError,
 )
 from .pipconfig import redact
@@ -95,44 +94,44 @@ def _fresh_target(into: Path) -> Path:
         raise UsageError(
             f"{into} exists and is not a tree made by moe-patch; choose another --into"
         )
-    sweep_scratch(into)
-    return Path(tempfile.mkdtemp(dir=into.parent, prefix=f".tmp-{into.name}-{os.getpid()}-"))
+    return scratch_beside(into)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+# A file name may be 255 bytes: the scratch name of a long --into keeps the start of its name
+# and a hash of the rest, so that ".tmp-", the run's tag and mkdtemp's suffix still fit.
+_NAME_KEPT = 64
+
+
+def _scratch_prefix(path: Path) -> str:
+    name = path.name
+    if len(name.encode()) > _NAME_KEPT:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+        name = f"{name.encode()[:40].decode(errors='ignore')}~{digest}"
+    return f".tmp-{name}-"
+
+
+def scratch_beside(path: Path) -> Path:
+    """A new scratch folder beside ``path`` (``.tmp-<name>-<run>-XXXX``), where ``path`` is
+    built before it is renamed into place; the scratch killed runs left beside it is removed
+    first."""
+    sweep_scratch(path)
+    prefix = _scratch_prefix(path) + owners.tag() + "-"
+    return Path(tempfile.mkdtemp(dir=path.parent, prefix=prefix))
 
 
 def stale_scratch(into: Path) -> list[Path]:
     """The scratch trees that killed runs left beside ``into``.
 
-    A run builds its tree in ``.tmp-<into>-<pid>-XXXX`` and renames it to ``into`` at the
+    A run builds its tree in ``.tmp-<into>-<run>-XXXX`` and renames it to ``into`` at the
     end, so a folder of that name whose process is gone is what a kill left behind (up to
     ~120 MB each); one of a live run is not listed.
     """
-    pattern = re.compile(rf"\.tmp-{re.escape(into.name)}-(\d+)-\w+$")
-    stale = []
-    for path in sorted(into.parent.iterdir()):
-        found = pattern.match(path.name)
-        if not found or path.is_symlink() or not path.is_dir():
-            continue
-        if not _alive(int(found.group(1))):
-            stale.append(path)
-    return stale
+    return owners.stale(into.parent, _scratch_prefix(into))
 
 
 def sweep_scratch(into: Path) -> list[Path]:
     """Remove :func:`stale_scratch` of ``into``; the removed paths."""
-    removed = stale_scratch(into)
-    for path in removed:
-        shutil.rmtree(path, ignore_errors=True)
-    return removed
+    return owners.sweep(into.parent, _scratch_prefix(into))
 
 
 def _move_into_place(tmp: Path, into: Path) -> None:
@@ -190,17 +189,13 @@ def _clone_release(repo: Path, tmp: Path, version: str) -> None:
     gitutil.run(tmp.parent, "clone", "-q", "--no-checkout", str(repo), str(tmp))
     gitutil.run(tmp, "remote", "remove", "origin")
     # Writing ~5000 files dominates a warm apply: let git use every core.
-    gitutil.run(
-        tmp,
-        "-c",
-        "checkout.workers=0",
-        "-c",
-        "checkout.thresholdForParallelism=1",
-        "checkout",
-        "-q",
-        "--detach",
-        trees.release_tag(version),
-    )
+    command = ["-c", "checkout.workers=0", "-c", "checkout.thresholdForParallelism=1"]
+    command += ["checkout", "-q", "--detach", trees.release_tag(version)]
+    status, _, said = gitutil.run(tmp, *command, with_extended_output=True)
+    # git's parallel checkout exits 0 when it could not read an object ("finished with
+    # pending entries"), leaving files out: a damaged object store, whatever the status says.
+    if re.search(r"^(error|fatal):", said, re.MULTILINE):
+        raise git.GitCommandError(["git", *command], status, said)
 
 
 def _clone_url(url: str) -> str:
@@ -309,27 +304,6 @@ def _raise_if_local_io(exc: git.GitCommandError) -> None:
             f"cannot write the copy of --source ({_git_reason(exc)}); free space or fix "
             "permissions, then run the same command again"
         ) from None
-
-
-def existing(into: Path, version: str, recorded_base: str | None) -> WorkTree:
-    """A tree a previous ``apply`` made: reuse it if it is the same release and clean."""
-    gitutil.open_repo(into)  # a git tree; whether it is clean is checked under its lock
-    base = recorded_base
-    if base is None:
-        try:
-            base = gitutil.run(
-                into,
-                "rev-parse",
-                "-q",
-                "--verify",
-                f"refs/tags/{trees.release_tag(version)}^{{commit}}",
-            )
-        except git.GitCommandError:
-            raise StateError(
-                f"{into} is a git tree but not one moe-patch made for vLLM {version}; "
-                "choose another --into"
-            ) from None
-    return WorkTree(into, base, created=False)
 
 
 def _git_reason(exc: git.GitCommandError) -> str:

@@ -9,6 +9,7 @@ gives the same commit id on every machine.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tarfile
 import tempfile
@@ -56,19 +57,96 @@ def discard_if_damaged(version: str) -> bool:
     repo = cached_repo(version)
     if repo is None:
         return False
+    why = _fsck(version, repo)
+    if why is None:
+        return False
+    _discard(version, repo, why)
+    return True
+
+
+def _fsck(version: str, repo: Path) -> str | None:
+    """Why ``git fsck`` finds ``repo`` damaged, or None if it is sound."""
     try:
         gitutil.run(repo, "fsck", "--no-progress", "--no-dangling")
         gitutil.run(repo, "rev-parse", "--verify", "-q", f"{release_tag(version)}^{{tree}}")
-        return False
+        return None
     except git.GitCommandError as exc:
-        why = gitutil.last_words(str(exc.stderr or "")) or "fsck failed"
+        return gitutil.last_words(str(exc.stderr or "")) or "fsck failed"
+
+
+def _discard(version: str, repo: Path, why: str) -> None:
     with cache.locked(f"vllm-{version}"):
         if repo.is_dir():
             doomed = Path(tempfile.mkdtemp(dir=repo.parent, prefix=f".tmp-{repo.name}-"))
             repo.rename(doomed / repo.name)  # gone from its name at once, then deleted
             shutil.rmtree(doomed, ignore_errors=True)
+    _sound.pop(repo, None)
     ui.warn(f"the cached vLLM {version} repository was damaged ({why}); building it again")
-    return True
+
+
+# --- checking a cached repository where it is read -----------------------------------
+
+# Beside the objects of each cached repository: the sha256 of every file git reads the
+# release from, written when the entry is built.  A changed byte anywhere (a pack overwritten,
+# truncated or deleted) no longer matches, and the entry is rebuilt before anything reads it.
+CHECKSUMS = "moe-patch-sha256.json"
+# The repositories this process found sound, with the size, time and inode of their files:
+# checked again only when one of those changed.
+_sound: dict[Path, list] = {}
+
+
+def _files(repo: Path) -> list[Path]:
+    """The files git reads a release from: ``objects/``, ``refs/``, ``HEAD``, ``packed-refs``."""
+    paths = [repo / "HEAD", repo / "packed-refs"]
+    for folder in ("objects", "refs"):
+        paths += sorted(p for p in (repo / folder).rglob("*") if p.is_file())
+    return [p for p in paths if p.is_file()]
+
+
+def _signature(repo: Path) -> list | None:
+    signature = []
+    try:
+        for path in _files(repo):
+            st = path.stat()
+            signature.append((path.name, st.st_size, st.st_mtime_ns, st.st_ino))
+    except OSError:  # changing under us: checked in full
+        return None
+    return signature
+
+
+def _read_files(repo: Path) -> dict[str, str]:
+    return {p.relative_to(repo).as_posix(): cache.sha256_file(p) for p in _files(repo)}
+
+
+def write_checksums(repo: Path) -> None:
+    data = {"files": _read_files(repo)}
+    cache.write_atomic(
+        repo / CHECKSUMS, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
+    )
+
+
+def _damage(version: str, repo: Path) -> str | None:
+    """Why the cached ``repo`` is not what was cached, or None if it is."""
+    try:
+        recorded = json.loads((repo / CHECKSUMS).read_text())["files"]
+    except FileNotFoundError:  # cached by an earlier moe-patch: check it once, the slow way
+        why = _fsck(version, repo)
+        if why is None:
+            with cache.locked(f"vllm-{version}"):
+                write_checksums(repo)
+        return why
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{CHECKSUMS} is unreadable"
+    try:
+        now = _read_files(repo)
+    except OSError as exc:
+        return f"{exc.filename}: {exc.strerror}"
+    for name in sorted(set(recorded) | set(now)):
+        if name not in now:
+            return f"{name} is missing"
+        if recorded.get(name) != now[name]:
+            return f"{name} changed since it was cached" if name in recorded else f"{name} is new"
+    return None
 
 
 def fetch_release(tree: Path, version: str, refspec: str, index_url: str | None = None) -> None:
@@ -88,7 +166,14 @@ def release_repo(version: str, index_url: str | None = None) -> Path:
     existing = cached_repo(version)
     if existing:
         _sweep_after_kill(version, existing)
-        return existing
+        signature = _signature(existing)
+        if signature is not None and _sound.get(existing) == signature:
+            return existing
+        why = _damage(version, existing)
+        if why is None:
+            _sound[existing] = signature
+            return existing
+        _discard(version, existing, why)
     trees = cache.subdir("trees")
     name = f"{release_tag(version)}.git"
     with cache.locked(f"vllm-{version}"):
@@ -152,6 +237,7 @@ def build_repo_from_archive(archive: Path, version: str, final: Path) -> None:
         commit_directory(top, repo_dir, version, date, bare=True)
         gitutil.run(repo_dir, "repack", "-a", "-d", "-q")
         gitutil.run(repo_dir, "prune-packed")
+        write_checksums(repo_dir)
         shutil.rmtree(unpacked)
         archive.unlink()  # kept in the repository: never trusted again
         repo_dir.rename(final)

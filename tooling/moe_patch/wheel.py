@@ -43,7 +43,7 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelError, WheelFile
 
-from . import __version__, cache, children, index, release_diff, ui
+from . import __version__, cache, children, index, owners, release_diff, ui
 from .errors import LOCAL_IO_WORDS, IntegrityError, LocalIOError, NetworkError, UsageError
 from .pipconfig import IndexSettings, index_settings
 from .report import as_json
@@ -178,10 +178,15 @@ def _download(version, platform, platforms, settings: IndexSettings, directory, 
         interactive = sys.stderr.isatty()
         if not interactive:
             command[4:4] = ["--progress-bar", "off", "--quiet"]
+        # pip's own temporary files go in the scratch folder too: a killed pip's are removed
+        # with it, never left in the system's /tmp.
+        (scratch / "tmp").mkdir()
+        env = {**os.environ, "TMPDIR": str(scratch / "tmp")}
         ui.info(f"downloading the official vLLM {version} wheel through pip")
         try:
             done = children.run(
                 command,
+                env=env,
                 stdout=None if interactive else subprocess.PIPE,
                 stderr=None if interactive else subprocess.PIPE,
                 stdin=subprocess.DEVNULL,
@@ -427,7 +432,8 @@ def build(
 
         out_dir.mkdir(parents=True, exist_ok=True)
         final = out_dir / filename
-        fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=f".{filename}.part-")
+        owners.sweep(out_dir, f".{filename}.part-")  # what a killed run left half-written
+        fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=f".{filename}.part-{owners.tag()}-")
         os.close(fd)
         tmp = Path(tmp_name)
         rows: list[RecordEntry] = []
@@ -548,10 +554,15 @@ def build_precompiled(
     """vLLM's own Python-only build of the patched ``tree``: its ``setup.py`` with
     ``VLLM_USE_PRECOMPILED=1`` takes the compiled files from ``official``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".precompiled-") as scratch:
+    owners.sweep(out_dir, ".precompiled-")  # a killed run's
+    with tempfile.TemporaryDirectory(
+        dir=out_dir, prefix=f".precompiled-{owners.tag()}-"
+    ) as scratch:
         env = dict(os.environ)
+        (Path(scratch) / "tmp").mkdir()
         env.update(
             {
+                "TMPDIR": str(Path(scratch) / "tmp"),  # pip's build trees: removed with scratch
                 "VLLM_USE_PRECOMPILED": "1",
                 "VLLM_PRECOMPILED_WHEEL_LOCATION": str(official),
                 # setup.py would add "+precompiled"; we give the version ourselves

@@ -20,6 +20,7 @@ The tree remembers what it was made from in ``.git/moe-patch-workflow.json``.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -118,21 +119,33 @@ def recommit(
     name, email, date = author_of(tree, commit)
     if author:
         name, email = author
-    with tempfile.NamedTemporaryFile("wb", prefix="moe-patch-msg-", delete=False) as handle:
-        handle.write(message.encode("utf-8"))
-    try:
+    with _readable(message.encode("utf-8")) as handle:
         return gitutil.run(
             tree,
             "commit-tree",
             tree_id,
             "-p",
             parent,
-            "-F",
-            handle.name,
             env=gitutil.commit_env(name, email, f"@{date}"),
+            istream=handle,  # the message, on standard input
         )
-    finally:
-        Path(handle.name).unlink(missing_ok=True)
+
+
+_PIPE_HOLDS = 60_000  # bytes a pipe takes without a reader (Linux: 64 KiB)
+
+
+def _readable(data: bytes):
+    """``data`` to read from: a pipe already holding it, so that no file is written that a
+    killed run would leave behind (a file without a name for a message too long for that)."""
+    if len(data) > _PIPE_HOLDS:
+        handle = tempfile.TemporaryFile()
+        handle.write(data)
+        handle.seek(0)
+        return handle
+    read, write = os.pipe()
+    with os.fdopen(write, "wb") as writer:
+        writer.write(data)
+    return os.fdopen(read, "rb")
 
 
 # --- a series as commits ------------------------------------------------------------

@@ -18,6 +18,7 @@ from ..errors import (
 )
 from ..report import render_apply, render_installed
 from .options import (
+    Folder,
     index_option,
     installed_flag,
     json_option,
@@ -44,12 +45,12 @@ from .options import (
 )
 @click.option(
     "--into",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=Folder(file_okay=False, path_type=Path),
     help="Work tree to create or update [default: ./vllm-VERSION].",
 )
 @click.option(
     "--source",
-    type=click.Path(path_type=Path),
+    type=Folder(path_type=Path),
     help="Start from this vLLM checkout or unpacked tree (copied unless --in-place).",
 )
 @click.option(

@@ -9,7 +9,7 @@ import click
 from ..commands.checkout import checkout
 from ..errors import EXIT_PATCH_FAILED, EXIT_STATE, FETCHING, command_epilog
 from ..report import render_table
-from .options import index_option, pass_settings, series_option
+from .options import Folder, index_option, pass_settings, series_option
 
 
 @click.command(
@@ -22,7 +22,7 @@ from .options import index_option, pass_settings, series_option
 @click.option(
     "--vllm", "vllm", metavar="VERSION", required=True, help="The release whose series to edit."
 )
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("directory", type=Folder(file_okay=False, path_type=Path))
 @index_option
 @series_option
 @pass_settings

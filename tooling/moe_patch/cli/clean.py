@@ -8,8 +8,9 @@ from pathlib import Path
 import click
 
 from ..commands.clean import clean
-from ..errors import EXIT_BUSY, EXIT_LOCAL_IO, BusyError, command_epilog
+from ..errors import EXIT_BUSY, EXIT_LOCAL_IO, EXIT_USAGE, BusyError, command_epilog
 from ..report import render_clean
+from .options import Folder
 
 
 @click.command(
@@ -17,10 +18,10 @@ from ..report import render_clean
     epilog=command_epilog(
         [
             "moe-patch clean --dry-run                     # what killed runs left, with sizes",
-            "moe-patch clean --into vllm-0.21.0            # also scratch trees beside it",
+            "moe-patch clean --into vllm-0.21.0            # also what killed runs left there",
             "moe-patch clean --all                         # empty the cache",
         ],
-        {EXIT_BUSY, EXIT_LOCAL_IO},
+        {EXIT_USAGE, EXIT_BUSY, EXIT_LOCAL_IO},
     ),
 )
 @click.option(
@@ -31,8 +32,9 @@ from ..report import render_clean
 )
 @click.option(
     "--into",
-    type=click.Path(path_type=Path),
-    help="Also remove the scratch trees killed runs left beside this --into.",
+    type=Folder(path_type=Path),
+    help="Also remove the scratch trees killed runs left beside this --into, and the git "
+    "locks they left in it.",
 )
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

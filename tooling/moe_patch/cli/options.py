@@ -12,7 +12,19 @@ from pathlib import Path
 
 import click
 
+from ..errors import UsageError
 from ..settings import Settings
+
+
+class Folder(click.Path):
+    """A path that names a folder to make, change or read.  An empty one is refused: it would
+    quietly mean the current directory (``--into "$UNSET"`` patching wherever you stand)."""
+
+    def convert(self, value, param, ctx):
+        if value == "":
+            name = param.opts[0] if isinstance(param, click.Option) else param.human_readable_name
+            raise UsageError(f"{name} is empty; give a directory path ('.' for this one)")
+        return super().convert(value, param, ctx)
 
 
 def _remember(ctx: click.Context, param: click.Parameter, value):
@@ -56,7 +68,7 @@ json_option = click.option(
 )
 target_option = click.option(
     "--target",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=Folder(file_okay=False, path_type=Path),
     help="Directory holding the installed vllm (site-packages, or a pip --target dir) "
     "[default: where this Python imports it from].",
 )

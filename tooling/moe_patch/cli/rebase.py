@@ -18,7 +18,7 @@ from ..errors import (
     command_epilog,
 )
 from ..report import render_rebase_steps
-from .options import index_option, pass_settings, series_option
+from .options import Folder, index_option, pass_settings, series_option
 
 
 @click.command(
@@ -41,7 +41,7 @@ from .options import index_option, pass_settings, series_option
 )
 @click.option(
     "--source",
-    type=click.Path(path_type=Path),
+    type=Folder(path_type=Path),
     help="Take the --onto release from this checkout or unpacked tree (copied).",
 )
 @click.option("--git", "git_url", metavar="URL", help="Clone tag vVERSION from this remote.")
@@ -52,7 +52,7 @@ from .options import index_option, pass_settings, series_option
 )
 @click.option(
     "--into",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=Folder(file_okay=False, path_type=Path),
     help="Work tree of the rebase [default: ./vllm-VERSION-rebase].",
 )
 @click.option("--continue", "continue_", is_flag=True, help="Go on after resolving a conflict.")

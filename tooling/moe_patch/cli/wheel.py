@@ -9,7 +9,7 @@ import click
 from ..commands.wheel import METHODS, wheel
 from ..errors import EXIT_PATCH_FAILED, FETCHING, command_epilog
 from ..report import render_wheel
-from .options import index_option, json_option, pass_settings, series_option
+from .options import Folder, index_option, json_option, pass_settings, series_option
 
 
 @click.command(
@@ -27,7 +27,7 @@ from .options import index_option, json_option, pass_settings, series_option
     "-o",
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=Folder(file_okay=False, path_type=Path),
     default=Path("dist"),
     show_default=True,
     help="Directory for the wheel.",

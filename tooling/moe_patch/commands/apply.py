@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .. import applier, gpu_runs, series, sources, trees
+from .. import applier, gitutil, gpu_runs, series, sources, trees
 from ..errors import UsageError
 from ..report import ApplyReport
 from ..settings import Settings
@@ -63,9 +63,14 @@ def _prepare(version, target: Path, source, git_url, in_place, index_url) -> sou
     if in_place:
         return sources.from_local(source, None, True, version)
     if (target / ".git").exists():
-        return sources.existing(target, version, applier.recorded_base(target, version))
+        base = applier.owned_base(target, version, source)  # else the user's: refused
+        return sources.WorkTree(target, base, created=False)
+
+    def mark(tree: Path) -> None:  # a run killed before its first patch finds it its own
+        applier.record_made(tree, target, version, gitutil.run(tree, "rev-parse", "HEAD"))
+
     if source:
-        return sources.from_local(source, target, False, version)
+        return sources.from_local(source, target, False, version, mark=mark)
     if git_url:
-        return sources.from_git_url(version, target, git_url)
-    return sources.from_cache(version, target, index_url)
+        return sources.from_git_url(version, target, git_url, mark=mark)
+    return sources.from_cache(version, target, index_url, mark=mark)

@@ -1,8 +1,9 @@
 """``moe-patch clean``: remove what killed runs left, and with ``--all`` the cache's entries.
 
 Killed runs leave scratch names in the cache (``.tmp-<entry>-XXXX`` folders, ``.<entry>.part-``
-files) and scratch trees beside ``--into`` (``.tmp-<into>-<pid>-XXXX``); later runs of the same
-entry remove their own, ``clean`` removes them all.  Each name is removed under the lock of the
+files, ``scratch/<purpose>-<run>-XXXX`` folders), scratch trees beside ``--into``
+(``.tmp-<into>-<run>-XXXX``) and git lock files in the tree they were changing; later runs
+remove their own, ``clean`` removes them all.  Each name is removed under the lock of the
 entry it belongs to, taken without waiting: what a live run is building or reading is kept and
 reported.  Only names moe-patch makes are touched, so a cache pointed at a shared folder
 (``MOE_PATCH_CACHE``) never loses anything else.  An entry is renamed to a scratch name before
@@ -17,8 +18,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import cache, sources
-from ..errors import BusyError
+import git
+
+from .. import cache, sources, treelock
+from ..errors import BusyError, MoePatchError
 
 # Per cache folder: the entry names moe-patch makes, and the lock each entry is built under.
 _ENTRIES = {
@@ -101,12 +104,38 @@ def clean(everything: bool = False, into: Path | None = None, dry_run: bool = Fa
             ours, lock = _ours(folder, owner if owner is not None else path.name)
             if ours:
                 _take(report, path, what, lock, dry_run)
+    for path, live in cache.scratch_folders():
+        if live:
+            report.in_use.append(str(path))
+        else:
+            _record(report, path, "leftover", dry_run)
     if into is not None:
         into = into.expanduser().absolute()
         if into.parent.is_dir():
             for scratch in sources.stale_scratch(into):
                 _record(report, scratch, "scratch beside --into", dry_run)
+        if (into / ".git").exists():
+            _git_leftovers(report, into, dry_run)
     return report
+
+
+def _git_leftovers(report: CleanReport, tree: Path, dry_run: bool) -> None:
+    """The git lock files (and half-written objects) a killed run left in ``tree``."""
+    try:
+        if not (treelock.git_dir(tree) / treelock.OWNER_FILE).exists():
+            return  # no moe-patch run was stopped while it changed the tree
+        with treelock.held(tree):
+            found = treelock.clear_after_kill(tree, remove=False)
+            for path in found:
+                report.removed.append(
+                    {"path": str(path), "bytes": _size(path), "what": "git lock of a killed run"}
+                )
+            if not dry_run:
+                treelock.clear_after_kill(tree)
+    except BusyError:
+        report.in_use.append(str(tree))
+    except (git.GitCommandError, MoePatchError):
+        return  # not a git tree after all: nothing of ours in it
 
 
 def _take(report: CleanReport, path: Path, what: str, lock: str | None, dry_run: bool) -> None:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 import zipfile
 from pathlib import Path
 
-from .. import folders, gpu_runs, release_diff, releases, series, trees
+from .. import cache, folders, gpu_runs, release_diff, releases, series, trees
 from .. import wheel as wheels
 from ..errors import PatchFailed, UsageError
 from ..settings import Settings
@@ -56,14 +54,11 @@ def _precompiled(version, official, dist, rdiff, out_dir, settings: Settings, is
     what = f"the vLLM {version} wheel"
     layout = release_diff.plan(rdiff, shipped, what)  # refuses compiled sources the same way
     new_version = wheels.patched_version(version, label)
-    scratch = Path(tempfile.mkdtemp(prefix="moe-patch-precompiled-"))
-    try:
+    with cache.scratch("precompiled") as scratch:
         report = apply_tree(version, scratch / f"vllm-{version}", settings=settings)
         if not report.ok:  # pragma: no cover - release_diff.build already applied it
             raise PatchFailed(f"the series does not apply to vLLM {version}")
         path = wheels.build_precompiled(
             Path(report.tree), official, new_version, out_dir, build_isolation=isolation
         )
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     return wheels.wheel_result(path, new_version, official, dist, rdiff, layout, "precompiled")
