@@ -1055,3 +1055,20 @@ def test_upstreaming_reads_every_fact_from_trailers(pr_series):
     assert plan.depends == ("feature",) and list(plan.tests) == [MORE_TEST]
     assert pr.upstreaming(patches["jit-annotations"]).assisted_by == ["an AI coding agent"]
     assert Upstreaming().tag == "[Misc]"
+
+
+def test_the_shipped_patch_messages_say_what_and_why_without_figures():
+    """Issue 45/46: a patch's message says what and why in a few lines, as vLLM's history
+    writes them; measurements (in-sample or not) live in its description and the docs."""
+    from moe_patch.settings import default_series_root
+
+    root = default_series_root()
+    checked = 0
+    for base in series.bases(root):
+        for patch in series.load(base, root).patches:
+            body = [line for line in pr.body_for(patch).splitlines() if line.strip()]
+            body = [line for line in body if not pr._TRAILER_LINE.match(line)]
+            assert len(body) <= pr_checks.MAX_BODY_LINES, (patch.path, len(body))
+            assert pr_checks._FIGURE.findall("\n".join(body)) == [], patch.path
+            checked += 1
+    assert checked >= 12
