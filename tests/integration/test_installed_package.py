@@ -72,7 +72,7 @@ def test_the_package_carries_the_results_its_patches_cite(installed, tmp_path):
     checkout they come from the package."""
     cited = sorted(
         {
-            line.split(":", 1)[1].strip()
+            line.split(":", 1)[1].split()[0]  # the file; row selectors may follow
             for patch in (ROOT / "patches").glob("v*/*.patch")
             for line in patch.read_text().split("\ndiff --git ", 1)[0].splitlines()
             if line.startswith("Upstream-Results:")

@@ -3,6 +3,7 @@
 For each release in ``MOE_PATCH_ORACLE_VERSIONS`` (comma-separated; default
 0.21.0, 0.33.0 and 0.34.0: a release of each series) the session makes two
 trees with moe-patch itself, the whole series ("patched") and the series without ``backend-selector``
+and the patches that depend on it (``Upstream-Depends``: ``fp8-moe-backend-env``)
 ("upstream"), builds or reuses the release's cached environment (venvs.py),
 and runs driver.py four times in parallel: each tree with and without
 FlashInfer.  Tests then only read the answers.
@@ -23,6 +24,7 @@ import scenarios
 import venvs
 from moe_patch import series
 from moe_patch.commands.apply import apply
+from moe_patch.upstreaming import upstreaming
 
 PATCH_ID = "backend-selector"
 DRIVER = Path(__file__).with_name("driver.py")
@@ -38,7 +40,7 @@ TIMINGS: list[str] = []
 class Oracle:
     version: str
     env: venvs.Env
-    trees: dict[str, Path]  # "patched": the whole series; "upstream": without backend-selector
+    trees: dict[str, Path]  # "patched": the whole series; "upstream": without the selector
     # answers[(tree, flashinfer)][scenario id]; tree is "patched" or "upstream"
     answers: dict[tuple[str, bool], dict[str, dict]] = field(default_factory=dict)
 
@@ -46,11 +48,21 @@ class Oracle:
         return self.answers[(tree, flashinfer)][scenario["id"]]
 
 
+def without_selector(patches) -> list[str]:
+    """The series' ids less backend-selector and every patch that depends on it."""
+    left_out = {PATCH_ID}
+    for patch in patches:  # a dependency comes earlier in the series
+        if set(upstreaming(patch).depends) & left_out:
+            left_out.add(patch.id)
+    return [p.id for p in patches if p.id not in left_out]
+
+
 def _trees(version: str, root: Path) -> dict[str, Path]:
-    ids = series.for_version(version).ids()
+    patches = series.for_version(version).patches
+    ids = [p.id for p in patches]
     assert PATCH_ID in ids, f"{PATCH_ID} is not in the series serving {version}: {ids}"
     made = {}
-    for name, only in (("patched", None), ("upstream", [i for i in ids if i != PATCH_ID])):
+    for name, only in (("patched", None), ("upstream", without_selector(patches))):
         report = apply(version, into=root / name, only=only)
         statuses = {o.id: o.status for o in report.outcomes}
         assert all(s != "failed" for s in statuses.values()), statuses

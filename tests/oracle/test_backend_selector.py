@@ -1,8 +1,9 @@
-"""backend-selector, checked on the real, patched select_fp8_moe_backend.
+"""backend-selector and fp8-moe-backend-env, checked on the real, patched
+select_fp8_moe_backend.
 
 The trees, environments and stand-ins are described in conftest.py, venvs.py
 and driver.py.  "upstream" is the same release with the rest of the series
-but without backend-selector, so every difference below is this patch's.
+but without these two patches, so every difference below is theirs.
 """
 
 from __future__ import annotations

@@ -38,13 +38,15 @@ def test_series_applies(version, tmp_path):
     # and the v0.25.0 series adds split-K and the H200 tables on top of it instead.
     if Version(version) >= Version("0.25.0"):
         assert "swap-ab" not in statuses, statuses
-        assert statuses["swap-ab-split-k"] in ("applied", "applied (3-way)"), statuses
+        for patch_id in ("swap-ab-split-k", "split-k-launch-rules", "h200-fp8-moe-configs"):
+            assert statuses[patch_id] in ("applied", "applied (3-way)"), statuses
     else:
         assert statuses["swap-ab"] == "applied", statuses
         assert "swap-ab-split-k" not in statuses, statuses
     assert probes.kernel_param(into, FUSED_MOE, "fused_moe_kernel", "SWAP_AB").found
     assert "def split_k_for(" in (into / FUSED_MOE).read_text()
     assert statuses["backend-selector"] in ("applied", "applied (3-way)"), statuses
+    assert statuses["fp8-moe-backend-env"] in ("applied", "applied (3-way)"), statuses
     check_backend_selector(into)
 
 

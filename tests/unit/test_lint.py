@@ -35,6 +35,12 @@ repos:
         (PINNED.format(rev="v0.14.0"), "0.14.0"),
         (PINNED.format(rev="'v0.6.5'"), "0.6.5"),
         (PINNED.format(rev='"0.1.9"'), "0.1.9"),
+        # pinned to a commit, the tag in pre-commit's "frozen" comment (vLLM 0.34.0)
+        (
+            PINNED.format(rev="f368fb366ff7f2f808dd324b83a6d32267799e19  # frozen: v0.17.2"),
+            "0.17.2",
+        ),
+        (PINNED.format(rev="1234567890123456789012345678901234567890  # frozen: v0.9.1"), "0.9.1"),
         ("repos:\n- repo: https://github.com/crate-ci/typos\n  rev: v1.43.5\n", None),
         # ruff's entry without a rev of its own: the next entry's rev is not ruff's
         (

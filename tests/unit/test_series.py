@@ -173,3 +173,20 @@ def test_shipped_series_is_well_formed():
             assert len(patch.reason) > 40, f"{patch.path.name} does not say why it exists"
             for declaration in patch.trailer_values("Upstream-Probe"):
                 probes.parse(declaration, patch.path.name)
+
+
+def test_defines_and_calls_probes_read_the_tree(tmp_path):
+    """A patch a later one edits no longer reverse-applies on a tree with both: these
+    probes recognise it by a name it defines or a call its kernel makes."""
+    source = tmp_path / "vllm" / "m.py"
+    source.parent.mkdir()
+    source.write_text(
+        "import triton.language as tl\n\nLIMIT: int = 4\n\n\ndef helper():\n    pass\n\n\n"
+        "def kernel(c):\n    tl.atomic_add(c, 1)\n"
+    )
+    assert probes.run("defines vllm/m.py helper", tmp_path, "p.patch").found
+    assert probes.run("defines vllm/m.py LIMIT", tmp_path, "p.patch").found
+    assert not probes.run("defines vllm/m.py nothing", tmp_path, "p.patch").found
+    assert probes.run("calls vllm/m.py kernel tl.atomic_add", tmp_path, "p.patch").found
+    assert not probes.run("calls vllm/m.py helper tl.atomic_add", tmp_path, "p.patch").found
+    assert not probes.run("calls vllm/gone.py kernel tl.store", tmp_path, "p.patch").found

@@ -24,10 +24,12 @@ from .pipconfig import index_settings
 
 PRE_COMMIT_CONFIG = ".pre-commit-config.yaml"
 MISSING = "ruff not found: reinstall moe-patch (it depends on ruff) or set MOE_PATCH_RUFF"
-# The ruff-pre-commit repository entry and the rev that follows it (before the next entry).
+# The ruff-pre-commit repository entry and the rev that follows it (before the next entry):
+# a tag, or a commit with the tag `pre-commit autoupdate --freeze` writes beside it
+# ("rev: f368fb3...  # frozen: v0.17.2", vLLM 0.34 on).
 _PINNED = re.compile(
-    r"repo:\s*\S*astral-sh/ruff-pre-commit\S*\s*\n(?:(?!\s*-\s*repo:).*\n)*?\s*rev:\s*['\"]?v?"
-    r"([0-9][0-9A-Za-z.]*)"
+    r"repo:\s*\S*astral-sh/ruff-pre-commit\S*\s*\n(?:(?!\s*-\s*repo:).*\n)*?\s*rev:\s*"
+    r"(?:[0-9a-f]{40}\s*#\s*frozen:\s*v?([0-9][0-9A-Za-z.]*)|['\"]?v?([0-9][0-9A-Za-z.]*))"
 )
 
 
@@ -45,7 +47,7 @@ def pinned_version(tree: Path) -> str | None:
     except OSError:
         return None
     match = _PINNED.search(text)
-    return match.group(1) if match else None
+    return (match.group(1) or match.group(2)) if match else None
 
 
 def ruff_for(tree: Path, index_url: str | None = None) -> Ruff | None:

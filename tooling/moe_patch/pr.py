@@ -5,35 +5,35 @@ For each patch of the series serving the target, in series order:
 * ``Upstream-Status: Inappropriate [...]`` (a backport, a local change): skipped;
 * already upstream at the target (its ``Upstream-Probe`` finds the feature, or it
   reverse-applies cleanly: the same evidence as ``apply``): skipped;
-* otherwise a branch ``<prefix><patch-id>`` based on the target, holding the change as
-  one commit: a vLLM-style title (``[Perf] …``), the patch's reasons as the body, the
+* otherwise a branch ``<prefix><patch-id>`` holding the change as one commit: a
+  vLLM-style title (``[Kernel] …``), the patch's message (what and why) as the body, the
   tests its ``Upstream-Test:`` trailers name (kept in the series' ``upstream/`` folder), the
   moe-patch trailers removed and a DCO ``Signed-off-by:`` for the user's git identity.
-  A patch that does not apply on the target alone but does on top of the previous
-  candidate is stacked on that branch, and the report says so.
+  The branch is based on the target, or on the branch of the patch its
+  ``Upstream-Depends:`` trailer names (a patch that applies only on top of the previous one
+  is stacked on it too, and the report says the trailer is missing).
 
-The touched Python files are checked with the target tree's own ruff configuration and the
-ruff version it pins (:mod:`moe_patch.lint`; ``ruff check``, ``ruff format --check``); lines
-the patch adds are fixed by ruff first when the file was clean before it (never reformatting
-upstream's own lines).  Each branch gets a PR description in the target's own pull-request
-template (without one: ``## Purpose``, ``## Test Plan``, ``## Test Result``) written to
-``--out``, with the ``git push`` / ``gh pr create`` commands.
+Then, for every branch, the pull-request checklist of the target tree
+(:mod:`moe_patch.pr_checks`): the branch's new tests run on its base and on it
+(:mod:`moe_patch.pr_tests`), its description (:mod:`moe_patch.pr_description`) written to
+``--out`` and judged, its lines checked with the ruff the tree pins.  The report lists the
+branches in merge order with the commands that push them and open the pull requests
+(:mod:`moe_patch.remotes`).  ``--check`` runs the checklist alone on existing branches.
 Nothing is pushed.
 
 The work happens in a detached ``git worktree`` of the user's repository in a temporary
-directory; branches are shared refs, so they appear in the user's repository and the
-worktree is removed afterwards.  The user's HEAD, branch and working tree are untouched.
-
-The PR title's tag comes from an ``Upstream-Title:`` trailer in the patch when it has one
-(the whole title), else ``Upstream-Tag:`` and the subject, else ``[Misc]`` and the subject.
-Every other upstreaming fact is a trailer too: see :func:`upstreaming`.
+directory.  Branch refs are written last, in one ``git update-ref`` transaction, after every
+description has been written to a staging folder; if anything fails before the descriptions
+are in place, the refs go back to what they were.  The user's HEAD, branch and working
+tree are untouched.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import os
 import re
+import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -42,21 +42,23 @@ from pathlib import Path
 import git
 from packaging.version import InvalidVersion, Version
 
-from . import applier, contribution, gitutil, lint, series, verify
-from .contribution import RULES_PATH
-from .errors import MoePatchError, StateError, UsageError
+from . import applier, gitutil, lint, pr_checks, pr_tests, remotes, series, verify
+from .contribution import Rules, read_rules
+from .errors import LocalIOError, MoePatchError, StateError, UsageError, is_local_io
 from .identity import is_placeholder
 from .patchfile import Patch
-from .report import PASS, as_json
+from .pr_checks import Item
+from .pr_description import BranchFacts, describe
+from .report import FAIL, PASS, as_json
 from .settings import Settings
-from .upstreaming import Upstreaming, upstreaming
+from .upstreaming import upstreaming
 
 DEFAULT_PREFIX = "moe-patch/"
 SPDX_LINES = (
     "# SPDX-License-Identifier: Apache-2.0\n"
     "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
 )
-UPSTREAM_REPO = "vllm-project/vllm"
+UPSTREAM_REPO = remotes.UPSTREAM_REPO
 # Trailers that belong to the series, not to an upstream commit.
 SERIES_TRAILERS = {
     "upstream-status",
@@ -67,7 +69,9 @@ SERIES_TRAILERS = {
     "signed-off-by",
     "upstream-title",
     "upstream-tag",
+    "upstream-depends",
     "upstream-test",
+    "upstream-docs",
     "upstream-results",
     "upstream-benchmark",
 }
@@ -82,10 +86,6 @@ BRANCH, STACKED, SKIPPED_INAPPROPRIATE, SKIPPED_UPSTREAM, FAILED = (
 )
 
 
-# Token counts the PR description's benchmark table shows (decode sizes).
-PR_TABLE_M = (1, 2, 4, 8, 16, 32, 64)
-
-
 @dataclass
 class PrOutcome:
     id: str
@@ -93,12 +93,19 @@ class PrOutcome:
     detail: str = ""
     branch: str | None = None
     commit: str | None = None
+    parent: str | None = None  # the commit the branch sits on
     title: str | None = None
-    stacked_on: str | None = None
+    stacked_on: str | None = None  # the branch it depends on
     tests: list[str] = field(default_factory=list)
     lint: list[str] = field(default_factory=list)  # one line per check
+    lint_ok: bool | None = None
     description: str | None = None  # path of the PR description file
+    checks: list[Item] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
+
+    @property
+    def check_failed(self) -> bool:
+        return any(c.status == FAIL for c in self.checks)
 
 
 @dataclass
@@ -108,11 +115,17 @@ class PrReport:
     onto_commit: str
     series_base: str
     series_reason: str = ""
+    checked_only: bool = False  # --check: existing branches judged, nothing written
+    python: str = ""  # what ran the branches' tests, or why nothing did
     outcomes: list[PrOutcome] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)  # branches in merge order
+    setup: list[str] = field(default_factory=list)  # commands to run once, first
+    finish: list[str] = field(default_factory=list)  # commands to run once, last
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return all(o.status != FAILED for o in self.outcomes)
+        return all(o.status != FAILED and not o.check_failed for o in self.outcomes)
 
     def to_json(self) -> str:
         return as_json(self, ok=self.ok)
@@ -227,22 +240,7 @@ def commit_message(patch: Patch, name: str, email: str) -> str:
 _TRAILER_LINE = re.compile(r"^[A-Za-z][A-Za-z0-9-]*: \S")
 
 
-# --- the work -----------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _worktree(repo: Path, commit: str):
-    holder = Path(tempfile.mkdtemp(prefix="moe-patch-pr-"))
-    path = holder / "vllm"
-    gitutil.run(repo, "worktree", "add", "-q", "--detach", str(path), commit)
-    try:
-        yield path
-    finally:
-        with contextlib.suppress(git.GitCommandError):
-            gitutil.run(repo, "worktree", "remove", "--force", str(path))
-        shutil.rmtree(holder, ignore_errors=True)
-        with contextlib.suppress(git.GitCommandError):
-            gitutil.run(repo, "worktree", "prune")
+# --- building the branches ----------------------------------------------------------
 
 
 def _require_vllm(repo: Path, commit: str, name: str) -> None:
@@ -313,7 +311,8 @@ def _commit(work: Path, base: str, message: str, name: str, email: str) -> str:
     return commit
 
 
-def _lint(work: Path, base: str) -> tuple[bool, list[str]]:
+def _lint(work: Path, base: str) -> tuple[bool | None, list[str]]:
+    """ruff check / ruff format on the Python files changed since ``base`` (None: none)."""
     ruff = lint.ruff_for(work)
     files = [
         f
@@ -321,7 +320,7 @@ def _lint(work: Path, base: str) -> tuple[bool, list[str]]:
         if f.endswith(verify.PYTHON_SUFFIXES)
     ]
     if not files:
-        return True, ["no Python files"]
+        return None, ["no Python files"]
     if not ruff:
         return False, [lint.MISSING]
     checks = [
@@ -333,148 +332,16 @@ def _lint(work: Path, base: str) -> tuple[bool, list[str]]:
     ]
 
 
-_GITHUB_OWNER = re.compile(r"github\.com[:/]+([A-Za-z0-9][A-Za-z0-9-]*)/")
+@contextlib.contextmanager
+def _worktree(repo: Path, commit: str):
+    with pr_tests.scratch_tree(repo, commit) as path:
+        yield path
 
 
-def _fork_remote(repo: Path) -> tuple[str, str]:
-    """The remote to push to (the first that is not vllm-project/vllm) and the GitHub user
-    that owns it, for ``gh pr create --head USER:BRANCH``."""
-    try:
-        remotes = gitutil.run(repo, "remote", "-v").splitlines()
-    except git.GitCommandError:
-        remotes = []
-    for line in remotes:
-        parts = line.split()
-        if len(parts) >= 2 and UPSTREAM_REPO not in parts[1] and "(push)" in line:
-            owner = _GITHUB_OWNER.search(parts[1])
-            return parts[0], owner.group(1) if owner else "<your-github-user>"
-    return "<your-fork-remote>", "<your-github-user>"
-
-
-def prepare(
-    source: Path,
-    onto: str,
-    out: Path | None = None,
-    prefix: str = DEFAULT_PREFIX,
-    only: list[str] | None = None,
-    settings: Settings | None = None,
-    force: bool = False,
-) -> PrReport:
-    settings = settings or Settings.resolve()
-    series_root, index_url = settings.series_root, settings.index_url
-    source = source.expanduser().absolute()
-    repo = gitutil.open_repo(source)
-    if repo.bare:
-        raise UsageError(f"--source {source} is a bare repository; use a clone with a work tree")
-    name, email = git_identity(source)
-    gitutil.require_clean(repo, "--source checkout")
-    onto_commit, onto_name = resolve_ref(source, onto)
-    _require_vllm(source, onto_commit, onto_name)
-    version = ref_version(source, onto_commit, onto_name)
-    known = series.required_bases(series_root)
-    base = series.base_for(version, series_root) if version else known[-1]
-    reason = (
-        f"the series for vLLM {version}, the release {onto_name} is or contains"
-        if version
-        else f"the newest series: {onto_name} contains no release tag (fetch tags to choose)"
-    )
-    chosen = series.load(base, series_root)
-    patches = chosen.select(only)
-    existing = [
-        prefix + p.id
-        for p in patches
-        if gitutil.run(source, "branch", "--list", prefix + p.id).strip()
-    ]
-    if existing and not force:
-        many = len(existing) > 1
-        raise StateError(
-            f"{'branches' if many else 'branch'} {', '.join(existing)} already "
-            f"{'exist' if many else 'exists'} in {source}; delete {'them' if many else 'it'}, "
-            f"or pass --force to replace {'them' if many else 'it'} (nothing was changed)"
-        )
-    try:
-        current = gitutil.run(source, "symbolic-ref", "-q", "--short", "HEAD")
-    except git.GitCommandError:
-        current = None
-    if current in existing:
-        raise StateError(f"{current} is checked out in {source}; switch branches first")
-
-    report = PrReport(str(source), onto_name, onto_commit, base, reason)
-    if out is None:  # beside the repository's refs, never in its working tree
-        common = gitutil.run(source, "rev-parse", "--git-common-dir")
-        out = (source / common).resolve() / "moe-patch-pr"
-    out = out.expanduser().absolute()
-    fetched: list[bool] = []
-
-    with applier.target_lock(source), _worktree(source, onto_commit) as work:
-
-        def base_fetch() -> bool:
-            if not fetched:
-                fetched.append(
-                    applier.fetch_base_objects(work, chosen.base, index_url, chosen.patches)
-                )
-            return fetched[0]
-
-        previous: PrOutcome | None = None
-        for patch in patches:
-            outcome = PrOutcome(patch.id, FAILED)
-            report.outcomes.append(outcome)
-            status = patch.upstream_status
-            if status.lower().startswith("inappropriate"):
-                outcome.status, outcome.detail = SKIPPED_INAPPROPRIATE, status
-                continue
-            gitutil.run(work, "checkout", "-q", "--detach", onto_commit)
-            evidence = applier.upstream_evidence(work, patch)
-            if evidence:
-                outcome.status, outcome.detail = SKIPPED_UPSTREAM, evidence
-                continue
-            parent = onto_commit
-            if not _apply(work, patch, base_fetch):
-                where = _where(work, patch)
-                if previous is None:
-                    outcome.detail = (
-                        f"does not apply on {onto_name} ({where}); {_rebase_hint(version)}"
-                    )
-                    continue
-                gitutil.run(work, "checkout", "-q", "--detach", previous.commit)
-                if not _apply(work, patch, base_fetch):
-                    outcome.detail = (
-                        f"applies neither on {onto_name} nor on {previous.branch} ({where}); "
-                        f"{_rebase_hint(version)}"
-                    )
-                    continue
-                parent = previous.commit
-                outcome.stacked_on = previous.branch
-            _make_branch(work, patch, parent, outcome, prefix, name, email)
-            outcome.status = STACKED if outcome.stacked_on else BRANCH
-            previous = outcome
-
-    fork = _fork_remote(source)
-    template, rules = (_file_at(source, onto_commit, p) for p in (TEMPLATE_PATH, RULES_PATH))
-    for outcome in report.outcomes:
-        if outcome.branch:
-            patch = next(p for p in patches if p.id == outcome.id)
-            text = describe(patch, outcome, report, template, rules, settings.results_dir)
-            _write_description(out, patch, outcome, report, fork, text)
-    return report
-
-
-def _file_at(repo: Path, commit: str, path: str) -> str | None:
-    try:
-        return gitutil.run(repo, "show", f"{commit}:{path}")
-    except git.GitCommandError:
-        return None  # the target has no such file
-
-
-def _make_branch(
-    work: Path,
-    patch: Patch,
-    parent: str,
-    outcome: PrOutcome,
-    prefix: str,
-    name: str,
-    email: str,
+def _make_commit(
+    work: Path, patch: Patch, parent: str, outcome: PrOutcome, name: str, email: str
 ) -> None:
+    """Commit ``patch`` (applied in ``work`` on ``parent``) as the branch's one commit."""
     gitutil.run(work, "reset", "-q", "--soft", parent)
     for path, text in upstreaming(patch).tests.items():
         target = work / path
@@ -490,287 +357,251 @@ def _make_branch(
         changed = gitutil.run(work, "diff", "--name-only", "--diff-filter=d", parent)
         files = [f for f in changed.split() if f.endswith(verify.PYTHON_SUFFIXES)]
         lint.fix_added_lines(ruff, work, files, parent)
-    commit = _commit(work, parent, message, name, email)
-    ok, lines = _lint(work, parent)
-    outcome.lint = lines
-    branch = prefix + patch.id
-    gitutil.run(work, "branch", "-f", branch, commit)
-    outcome.branch, outcome.commit, outcome.title = branch, commit, title_for(patch)
-    if not ok:
-        outcome.detail = "lint fails with the tree's own ruff configuration: fix before pushing"
+    outcome.commit = _commit(work, parent, message, name, email)
+    outcome.parent = parent
+    outcome.lint_ok, outcome.lint = _lint(work, parent)
+    outcome.title = title_for(patch)
 
 
-# --- the PR description -------------------------------------------------------------
-
-
-def results_section(plan: Upstreaming, results_dir: Path) -> str:
-    """The Test Result section: the measurements of each file ``plan.results`` names, under
-    ``results_dir`` (the project's ``kernels/results``), in order."""
-    if not plan.results:
-        return "No benchmark results are recorded for this change."
-    return "\n\n".join(result_file_section(name, results_dir) for name in plan.results)
-
-
-def result_file_section(name: str, results_dir: Path) -> str:
-    try:
-        data = json.loads((results_dir / name).read_text())
-    except (OSError, ValueError):
-        return f"The benchmark results file {name} was not found; run the benchmark."
-    if "rows" in data:
-        return _bench_section(data)
-    if "variants" in data:
-        return _e2e_section(data)
-    env = data.get("environment", {})
-    results = data.get("results", {})
-    sweep = data.get("sweep_token_counts") or []
-    trace = data.get("trace") or {}
-    lines = [
-        f"Compile stalls of `fused_moe_kernel` ({data.get('shape', '?')}, FP8 "
-        f"{data.get('quant', '?')}), each run in a fresh process with an empty Triton cache.",
-        "",
-        f"- GPU: {env.get('gpu', '?')} ({env.get('sm_count', '?')} SMs); torch "
-        f"{env.get('torch', '?')}, triton {env.get('triton', '?')}, CUDA {env.get('cuda', '?')}, "
-        f"Python {env.get('python', '?')}",
-        f"- sweep: {len(sweep)} token counts from {min(sweep, default='?')} to "
-        f"{max(sweep, default='?')}; trace: {trace.get('steps', '?')} steps "
-        f"(seed {trace.get('seed', '?')})",
-        f"- command: `{data.get('command', '?')}`",
-        "",
-        "| vLLM | run | compiled variants before → after | compile stalls before → after "
-        "| seconds stalled before → after |",
-        "|---|---|---|---|---|",
-    ]
-    for label in results:
-        after = results.get(f"{label}+moe")
-        if "+" in label or not after:
-            continue
-        for run in ("sweep", "trace"):
-            b, a = results[label].get(run), after.get(run)
-            if not b or not a:
-                continue
-            lines.append(
-                f"| {label} | {run} | {b['variants']} → {a['variants']} | "
-                f"{b['stalls']} → {a['stalls']} | "
-                f"{b['stall_seconds']:.2f} → {a['stall_seconds']:.2f} |"
-            )
-    return "\n".join(lines)
-
-
-def _bench_section(data: dict) -> str:
-    """A ``moe_kernels.bench`` run as a table: each release against itself with the
-    patch (variants ``X`` and ``X+moe``), median microseconds per call."""
-    env = data.get("environment", {})
-    times = {
-        (row["shape"], row["gemm"], row["quant"], row["M"], row["variant"]): row["us"]
-        for row in data["rows"]
-    }
-    pairs = sorted(
-        {
-            (k[4], f"{k[4]}+moe")
-            for k in times
-            if "+" not in k[4] and (*k[:4], f"{k[4]}+moe") in times
-        }
-    )
-    releases = ", ".join(f"vLLM {before}" for before, _ in pairs)
-    lines = [
-        "Median time per call (µs), lower is better; each row measured in the same run, "
-        "on fresh random FP8 data checked against a float64 reference. Before: "
-        f"{releases} as released; after: the same release with this change.",
-        "",
-        f"- GPU: {env.get('gpu', '?')} ({env.get('sm_count', '?')} SMs); torch "
-        f"{env.get('torch', '?')}, triton {env.get('triton', '?')}, CUDA {env.get('cuda', '?')}, "
-        f"Python {env.get('python', '?')}",
-        f"- command: `{data.get('command', '?')}`",
-        "",
-        "| model shape | GEMM | FP8 scales | M | before | after | speed-up |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    cells = sorted({k[:4] for k in times if k[3] in PR_TABLE_M})
-    for before, after in pairs:
-        for cell in cells:
-            b, a = times.get((*cell, before)), times.get((*cell, after))
-            if b is None or a is None:
-                continue
-            shape, gemm, quant, m = cell
-            lines.append(f"| {shape} | {gemm} | {quant} | {m} | {b:.1f} | {a:.1f} | {b / a:.2f}× |")
-    return "\n".join(lines)
-
-
-def _e2e_section(data: dict) -> str:
-    """A ``moe_e2e.run`` report as a table: per engine, its MoE backend, the median time to
-    first token of a lone prompt at each length, the median time per output token at each
-    decode batch size, and the throughput run's output tokens per second."""
-    env = data.get("environment", {})
-    spec = data.get("spec", {})
-    prompts = list(spec.get("prefill_lens") or [])
-    batches = list(spec.get("decode_batches") or [])
-    columns = [f"TTFT {n} tok" for n in prompts] + [f"TPOT B={b}" for b in batches]
-    lines = [
-        f"End to end, vLLM {data.get('vllm', '?')} wheels (the official one, and the same "
-        f"wheel with this change), {data.get('model', '?')} with dummy weights; each row one "
-        "engine in a fresh process. Median milliseconds (lower is better): TTFT of one prompt "
-        "alone, TPOT per output token at batch size B; tok/s: output tokens per second.",
-        "",
-        f"- GPU: {env.get('gpu', '?')}; torch {env.get('torch', '?')}, "
-        f"triton {env.get('triton', '?')}, Python {env.get('python', '?')}",
-        f"- command: {_runnable(data.get('command', ''))}",
-        "",
-        "| engine | MoE backend | " + " | ".join(columns) + " | tok/s |",
-        "|---|---|" + "---|" * len(columns) + "---|",
-    ]
-    for variant in data.get("variants", []):
-        result = variant.get("result") or {}
-        if not result.get("decode"):
-            continue
-        cells = [(result.get("prefill") or {}).get(str(n), {}).get("median_ms") for n in prompts]
-        cells += [result["decode"].get(str(b), {}).get("median_ms") for b in batches]
-        rate = (result.get("throughput") or {}).get("output_tokens_per_s")
-        lines.append(
-            f"| {variant.get('name', '?')} | {variant.get('moe_backend') or '?'} | "
-            + " | ".join("–" if c is None else f"{c:.2f}" for c in cells)
-            + f" | {'–' if rate is None else f'{rate:.0f}'} |"
-        )
-    return "\n".join(lines)
-
-
-TEMPLATE_PATH = ".github/PULL_REQUEST_TEMPLATE.md"
-# Which of our sections fills a heading of the target's pull-request template, by its words.
-_HEADING_KINDS = (
-    (("purpose", "overview", "summary"), "purpose"),
-    (("claim",), "claims"),
-    (("test plan",), "plan"),
-    (("test result",), "results"),
-    (("validation", "testing"), "validation"),
-    (("detail", "motivation", "design"), "details"),
-    (("documentation", "release note"), "documentation"),
-)
-_COMMENT = re.compile(r"<!--(?!\s*markdownlint).*?-->\s*", re.S)
-
-
-def description_sections(patch: Patch, outcome: PrOutcome, results_dir: Path) -> dict[str, str]:
-    """What a pull request for ``patch`` says, by kind of section."""
-    plan = upstreaming(patch)
-    tests = outcome.tests or []
-    plan_lines = [f"- `pytest {t} -v`" for t in tests]
-    changed = " ".join(sorted({*patch.files, *tests}))
-    plan_lines.append(f"- `pre-commit run --files {changed}` (ruff check, ruff format)")
-    for command in plan.benchmarks:
-        plan_lines.append(f"- on the base branch, then on this one: `{command}`")
-    stacked = (
-        f"\n\nThis PR is stacked on `{outcome.stacked_on}`; merge that one first."
-        if outcome.stacked_on
-        else ""
-    )
-    claims = results_section(plan, results_dir)
-    results = [claims]
-    if tests:
-        results += ["", "New tests, to be run on a GPU with this branch installed:", ""]
-        results += [f"- `pytest {t} -v`" for t in tests]
-    if outcome.lint:
-        results += ["", "Lint with the tree's own configuration:", ""]
-        results += [f"- {line}" for line in outcome.lint]
-    body = body_for(patch)
-    return {
-        "purpose": body.split("\n\n", 1)[0] + stacked,
-        "claims": claims,
-        "validation": "\n".join(plan_lines) + "\n\n" + "\n".join(results),
-        "plan": "\n".join(plan_lines),
-        "results": "\n".join(results),
-        "details": body,
-        "documentation": "None: no user-facing documentation changes.",
-    }
-
-
-def _runnable(command: str) -> str:
-    """A recorded benchmark command as a reviewer can use it: one that names paths of the
-    machine that measured is given as the harness module it ran."""
-    if not command:
-        return "moe-patch's kernel harness (numbers below)"
-    if re.search(r"(^|[\s=])/", command):
-        module = next((w for w in command.split() if w.startswith("moe_kernels.")), None)
-        where = f"`python -m {module}`" if module else "the kernel harness"
-        return f"{where} of moe-patch's kernel harness (numbers below)"
-    return f"`{command}`"
-
-
-def describe(
-    patch: Patch,
-    outcome: PrOutcome,
+def _build(
+    source: Path,
+    work: Path,
     report: PrReport,
-    template: str | None,
-    rules: str | None,
-    results_dir: Path,
-) -> str:
-    """The pull request's description: the target's own template (``TEMPLATE_PATH`` at
-    ``--onto``) with every section filled, its checklist and footer kept (without one,
-    Purpose / Test Plan / Test Result), and what the target's contribution rules
-    (``RULES_PATH``) ask a description to state."""
-    sections = description_sections(patch, outcome, results_dir)
-    asked = _contribution_section(patch, outcome, report, rules)
-    if not template:
-        return (
-            f"## Purpose\n\n{sections['purpose']}\n\n## Test Plan\n\n{sections['plan']}\n\n"
-            f"## Test Result\n\n{sections['results']}\n" + (f"\n{asked}\n" if asked else "")
-        )
-    head, rule, footer = template.partition("\n---\n")
-    out = []
-    for block in re.split(r"(?m)^(?=## )", _COMMENT.sub("", head)):
-        first, _, _ = block.partition("\n")
-        if not first.startswith("## "):  # keep directives, drop the template's instructions
-            kept = [line for line in block.splitlines() if line.strip().startswith("<!--")]
-            out.append("\n".join(kept))
-            continue
-        heading = first[3:].strip().lower()
-        kind = next((k for words, k in _HEADING_KINDS if any(w in heading for w in words)), None)
-        out.append(f"{first}\n\n{sections.get(kind) or 'Not applicable.'}")
-    if asked:
-        out.append(asked)
-    text = "\n\n".join(part for part in out if part) + "\n"
-    return (text + (rule + footer if rule else "")).rstrip("\n") + "\n"
-
-
-def _contribution_section(
-    patch: Patch, outcome: PrOutcome, report: PrReport, rules: str | None
-) -> str | None:
-    items = contribution.required_items(rules or "")
-    if not items:
-        return None
-    title = (outcome.title or title_for(patch)).split("] ", 1)[-1]
-    lines = contribution.answers(
-        items,
-        target=f"`{report.onto}` ({report.onto_commit[:12]})",
-        search=" ".join(title.split()[:6]).replace('"', ""),
-        checks=[line.split(" (", 1)[0] for line in outcome.lint],
-        untested=[f"pytest {t}" for t in outcome.tests] + upstreaming(patch).benchmarks,
-        assisted_by=patch.trailer_values("Assisted-by"),
-    )
-    return f"## What {contribution.RULES_PATH} asks a description to state\n\n" + "\n".join(lines)
-
-
-def _write_description(
-    out: Path,
-    patch: Patch,
-    outcome: PrOutcome,
-    report: PrReport,
-    fork: tuple[str, str],
-    text: str,
+    patches: list[Patch],
+    prefix: str,
+    identity: tuple[str, str],
+    version: str | None,
+    base_fetch,
 ) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{patch.id}.md"
-    path.write_text(text)
-    outcome.description = str(path)
+    """One commit per patch that gets a branch (no ref is written here)."""
+    onto_commit, onto_name = report.onto_commit, report.onto
+    built: dict[str, PrOutcome] = {}
+    upstream: set[str] = set()
+    previous: PrOutcome | None = None
+    for patch in patches:
+        outcome = PrOutcome(patch.id, FAILED, branch=None)
+        report.outcomes.append(outcome)
+        status = patch.upstream_status
+        if status.lower().startswith("inappropriate"):
+            outcome.status, outcome.detail = SKIPPED_INAPPROPRIATE, status
+            continue
+        gitutil.run(work, "checkout", "-q", "--detach", onto_commit)
+        evidence = applier.upstream_evidence(work, patch)
+        if evidence:
+            outcome.status, outcome.detail = SKIPPED_UPSTREAM, evidence
+            upstream.add(patch.id)
+            continue
+        parent, stacked_on = onto_commit, None
+        declared = upstreaming(patch).depends
+        if declared and declared[0] not in upstream:
+            parent, stacked_on, problem = _dependency(
+                source, declared[0], built, prefix, {p.id for p in patches}
+            )
+            if problem:
+                outcome.detail = problem
+                continue
+        gitutil.run(work, "checkout", "-q", "--detach", parent)
+        if not _apply(work, patch, base_fetch):
+            where = _where(work, patch)
+            if declared or previous is None:
+                on = stacked_on or onto_name
+                outcome.detail = f"does not apply on {on} ({where}); {_rebase_hint(version)}"
+                continue
+            gitutil.run(work, "checkout", "-q", "--detach", previous.commit)
+            if not _apply(work, patch, base_fetch):
+                outcome.detail = (
+                    f"applies neither on {onto_name} nor on {previous.branch} ({where}); "
+                    f"{_rebase_hint(version)}"
+                )
+                continue
+            parent, stacked_on = previous.commit, previous.branch
+            outcome.detail = (
+                f"applies only on top of {previous.branch}: declare Upstream-Depends: "
+                f"{previous.id} in the patch"
+            )
+        _make_commit(work, patch, parent, outcome, *identity)
+        outcome.branch, outcome.stacked_on = prefix + patch.id, stacked_on
+        outcome.status = STACKED if stacked_on else BRANCH
+        built[patch.id] = previous = outcome
+
+
+def _dependency(
+    source: Path, dependency: str, built: dict[str, PrOutcome], prefix: str, tried: set[str]
+) -> tuple[str, str | None, str]:
+    """(parent commit, branch stacked on, problem) for a patch whose Upstream-Depends names
+    ``dependency`` (not upstream at the target): its branch from this run, else, when this
+    run left it out, an existing one."""
+    if dependency in built:
+        return built[dependency].commit, built[dependency].branch, ""
+    if dependency in tried:
+        return "", None, f"depends on {dependency} (Upstream-Depends), which got no branch"
+    existing = _branch_head(source, prefix + dependency)
+    if existing:
+        return existing, prefix + dependency, ""
+    problem = (
+        f"depends on {dependency} (Upstream-Depends), which has no branch: run pr for both "
+        f"(--only {dependency} too)"
+    )
+    return "", None, problem
+
+
+def _branch_head(repo: Path, branch: str) -> str | None:
+    try:
+        return gitutil.run(repo, "rev-parse", "-q", "--verify", f"refs/heads/{branch}")
+    except git.GitCommandError:
+        return None
+
+
+# --- judging a branch ---------------------------------------------------------------
+
+
+def _assess(
+    source: Path,
+    outcome: PrOutcome,
+    patch: Patch,
+    base_name: str,
+    python: pr_tests.Python | None,
+    why_no_python: str,
+) -> tuple[pr_checks.Branch, pr_tests.Evidence]:
+    """Everything the checklist needs about ``outcome``'s branch except its description."""
+    parent, commit = outcome.parent, outcome.commit
+    numstat = gitutil.run(source, "diff", "--numstat", "--no-renames", parent, commit)
+    files: dict[str, tuple[int, int]] = {}
+    for line in numstat.splitlines():
+        added, removed, path = line.split("\t", 2)
+        files[path] = (
+            int(added) if added.isdigit() else 0,
+            int(removed) if removed.isdigit() else 0,
+        )
+    added_lines: dict[str, list[str]] = {}
+    new_texts: dict[str, str] = {}
+    for path in files:
+        if not path.endswith(".py"):
+            continue
+        diff = gitutil.run(source, "diff", "-U0", parent, commit, "--", path)
+        added_lines[path] = [
+            ln[1:] for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")
+        ]
+        with contextlib.suppress(git.GitCommandError):
+            new_texts[path] = gitutil.run(
+                source, "show", f"{commit}:{path}", strip_newline_in_stdout=False
+            )
+    new_tests = gitutil.run(
+        source, "diff", "--name-only", "--diff-filter=A", parent, commit, "--", "tests"
+    ).split()
+    tests = [t for t in new_tests if Path(t).name.startswith("test_") and t.endswith(".py")]
+    evidence = pr_tests.evidence_for(
+        source, parent, commit, tests, base_name, python, why_no_python
+    )
+    plan = upstreaming(patch)
+    branch = pr_checks.Branch(
+        name=outcome.branch or "",
+        base_name=base_name,
+        message=gitutil.run(source, "log", "-1", "--format=%B", commit),
+        commits=int(gitutil.run(source, "rev-list", "--count", f"{parent}..{commit}")),
+        expected_parent=True,
+        description=None,
+        files=files,
+        added=added_lines,
+        new_texts=new_texts,
+        depends_on=outcome.stacked_on,
+        docs=plan.docs,
+        assisted=bool(plan.assisted_by),
+        lint_ok=outcome.lint_ok,
+        lint=outcome.lint,
+        tests=evidence.verdicts(),
+    )
+    return branch, evidence
+
+
+def _facts(
+    outcome: PrOutcome, report: PrReport, version: str | None, branch: pr_checks.Branch,
+    evidence: pr_tests.Evidence, titles: dict[str, str],
+) -> BranchFacts:  # fmt: skip
+    results = []
+    untested = []
+    for test, ok, why in evidence.verdicts():
+        if ok is None:
+            untested.append(f"pytest {test}")
+        results.append(f"`{test}`: {why}" + (f" ({evidence.python})" if ok else ""))
+    return BranchFacts(
+        title=outcome.title or "",
+        base_name=report.onto,
+        base_commit=report.onto_commit,
+        base_version=version,
+        depends_on=outcome.stacked_on,
+        depends_title=titles.get(outcome.stacked_on or ""),
+        tests=list(evidence.tests),
+        test_results=results,
+        untested=untested,
+        lint=outcome.lint,
+        files=sorted(branch.files),
+    )
+
+
+# --- follow-up commands -------------------------------------------------------------
+
+
+def merge_order(outcomes: list[PrOutcome]) -> list[PrOutcome]:
+    """Branches in the order their pull requests merge: every branch after the one it
+    depends on, otherwise in series order."""
+    with_branch = [o for o in outcomes if o.branch]
+    placed: list[PrOutcome] = []
+    names = {o.branch for o in with_branch}
+    while len(placed) < len(with_branch):
+        for outcome in with_branch:
+            ready = (
+                not outcome.stacked_on
+                or outcome.stacked_on not in names
+                or any(p.branch == outcome.stacked_on for p in placed)
+            )
+            if outcome not in placed and ready:
+                placed.append(outcome)
+                break
+        else:  # a cycle cannot be built; keep series order
+            placed += [o for o in with_branch if o not in placed]
+    return placed
+
+
+def _follow_up(report: PrReport, source: Path, current: str | None, rules: Rules) -> None:
+    ordered = merge_order(report.outcomes)
+    report.order = [o.branch for o in ordered if o.branch]
+    if not ordered:
+        return
     base = pr_base(report.onto)
-    title = (outcome.title or "").replace('"', '\\"')
-    outcome.commands = [
-        f"git -C {report.source} push {fork[0]} {outcome.branch}",
-        f"gh pr create --repo {UPSTREAM_REPO} --base {base or 'main'} --head "
-        f'{fork[1]}:{outcome.branch} --title "{title}" --body-file {path}',
-    ]
-    if base is None:  # a release tag: vLLM merges pull requests into main
-        outcome.commands.insert(
-            0,
-            f"git -C {report.source} rebase --onto upstream/main {report.onto} "
-            f"{outcome.branch}   # --onto was {report.onto}; the pull request goes to main",
+    needs_main = base is None
+    plan = remotes.plan(source, needs_main)
+    report.setup = plan.setup
+    where = shlex.quote(str(source))
+    for outcome in ordered:
+        commands = []
+        if needs_main:
+            if outcome.stacked_on:
+                commands.append(
+                    f"git -C {where} rebase --onto {outcome.stacked_on} {outcome.parent[:12]} "
+                    f"{outcome.branch}"
+                )
+            else:
+                commands.append(
+                    f"git -C {where} rebase --onto {plan.upstream}/main {report.onto} "
+                    f"{outcome.branch}"
+                )
+        commands.append(f"git -C {where} push -u {plan.fork} {outcome.branch}")
+        title = (outcome.title or "").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+        head = f"{plan.head_owner}:{outcome.branch}"
+        commands.append(
+            f"gh pr create --repo {UPSTREAM_REPO} --base {base or 'main'} "
+            f'--head "{head}" --title "{title}" --body-file {shlex.quote(outcome.description or "")}'
+        )
+        outcome.commands = commands
+    if needs_main:
+        back = f"switch {current}" if current else f"switch --detach {report.onto}"
+        report.finish = [f"git -C {where} {back}   # the rebases leave the last branch checked out"]
+    if rules.pr_cap and len(report.order) > rules.pr_cap:
+        report.notes.append(
+            f"{len(report.order)} pull requests: vLLM lets a contributor without write access "
+            f"have {rules.pr_cap} open at once ({rules.source['pr_cap']}); open them in merge "
+            "order as the earlier ones merge"
         )
 
 
@@ -781,6 +612,274 @@ def pr_base(onto: str) -> str | None:
     if re.fullmatch(r"v?\d+(\.\d+)+\S*|[0-9a-f]{7,40}", name):
         return None
     return name
+
+
+# --- writing: descriptions first, refs last, all or nothing -------------------------
+
+
+def _prepare_out(out: Path) -> tuple[Path, list[Path]]:
+    """``out`` made if needed (the folders made, for a rollback) and a staging folder in it;
+    refused before anything is branched if it cannot be written."""
+    made = []
+    for folder in reversed([out, *out.parents]):
+        if not folder.exists():
+            made.append(folder)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".moe-patch-pr-", dir=out))
+    except OSError as exc:
+        _remove(made)
+        if isinstance(exc, (NotADirectoryError, FileExistsError)):
+            raise UsageError(f"--out {out} is not a folder; name a folder") from None
+        raise LocalIOError(
+            f"cannot write the pull-request descriptions to {out} ({exc.strerror}); "
+            "free space, fix permissions or pass another --out (no branch was changed)"
+        ) from None
+    return staging, made
+
+
+def _remove(folders: list[Path]) -> None:
+    for folder in reversed(folders):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _update_refs(source: Path, updates: list[tuple[str, str, str | None]]) -> None:
+    """Set ``refs/heads/BRANCH`` to each commit, checking each old value (None: must not
+    exist), in one transaction: all of them or none."""
+    lines = ["start"]
+    for branch, new, old in updates:
+        lines.append(f"update refs/heads/{branch} {new} {old or '0' * len(new)}")
+    lines += ["prepare", "commit"]
+    gitutil.run(source, "update-ref", "--stdin", istream=_stdin("\n".join(lines) + "\n"))
+
+
+def _stdin(text: str):
+    handle = tempfile.TemporaryFile()
+    handle.write(text.encode())
+    handle.seek(0)
+    return handle
+
+
+def _write(
+    source: Path,
+    out: Path,
+    staging: Path,
+    made: list[Path],
+    texts: dict[str, str],
+    updates: list[tuple[str, str, str | None]],
+) -> None:
+    """Descriptions into ``staging``, then the refs, then the descriptions into ``out``;
+    the refs are restored if the last step fails."""
+    try:
+        try:
+            for name, text in texts.items():
+                (staging / name).write_text(text)
+        except OSError as exc:
+            raise _no_descriptions(out, exc) from None
+        _update_refs(source, updates)
+        try:
+            for name in texts:
+                os.replace(staging / name, out / name)
+        except OSError as exc:
+            _restore_refs(source, updates)
+            raise _no_descriptions(out, exc) from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        _remove(made)
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _restore_refs(source: Path, updates: list[tuple[str, str, str | None]]) -> None:
+    lines = ["start"]
+    for branch, new, old in updates:
+        if old:
+            lines.append(f"update refs/heads/{branch} {old} {new}")
+        else:
+            lines.append(f"delete refs/heads/{branch} {new}")
+    lines += ["prepare", "commit"]
+    gitutil.run(source, "update-ref", "--stdin", istream=_stdin("\n".join(lines) + "\n"))
+
+
+def _no_descriptions(out: Path, exc: OSError) -> MoePatchError:
+    if not is_local_io(exc):
+        return UsageError(
+            f"cannot write the pull-request descriptions to {out} ({exc.strerror}); pass "
+            "another --out (no branch was changed)"
+        )
+    return LocalIOError(
+        f"cannot write the pull-request descriptions to {out} ({exc.strerror}); free space, "
+        "fix permissions or pass another --out (no branch was changed)"
+    )
+
+
+# --- the command --------------------------------------------------------------------
+
+
+def prepare(
+    source: Path,
+    onto: str,
+    out: Path | None = None,
+    prefix: str = DEFAULT_PREFIX,
+    only: list[str] | None = None,
+    settings: Settings | None = None,
+    force: bool = False,
+    python: str | None = None,
+    check_only: bool = False,
+) -> PrReport:
+    """Make the branches and descriptions (or, ``check_only``, judge existing ones) and
+    run the checklist on each; see the module's docstring."""
+    settings = settings or Settings.resolve()
+    series_root, index_url = settings.series_root, settings.index_url
+    source = source.expanduser().absolute()
+    repo = gitutil.open_repo(source)
+    if repo.bare:
+        raise UsageError(f"--source {source} is a bare repository; use a clone with a work tree")
+    identity = None if check_only else git_identity(source)
+    gitutil.require_clean(repo, "--source checkout")
+    onto_commit, onto_name = resolve_ref(source, onto)
+    _require_vllm(source, onto_commit, onto_name)
+    version = ref_version(source, onto_commit, onto_name)
+    known = series.required_bases(series_root)
+    base = series.base_for(version, series_root) if version else known[-1]
+    reason = (
+        f"the series for vLLM {version}, the release {onto_name} is or contains"
+        if version
+        else f"the newest series: {onto_name} contains no release tag (fetch tags to choose)"
+    )
+    chosen = series.load(base, series_root)
+    patches = chosen.select(only)
+    existing = {p.id: _branch_head(source, prefix + p.id) for p in patches}
+    try:
+        current = gitutil.run(source, "symbolic-ref", "-q", "--short", "HEAD")
+    except git.GitCommandError:
+        current = None
+    if not check_only:
+        taken = [prefix + i for i, head in existing.items() if head]
+        if taken and not force:
+            many = len(taken) > 1
+            raise StateError(
+                f"{'branches' if many else 'branch'} {', '.join(taken)} already "
+                f"{'exist' if many else 'exists'} in {source}; delete {'them' if many else 'it'}, "
+                f"or pass --force to replace {'them' if many else 'it'} (nothing was changed)"
+            )
+        if current in taken:
+            raise StateError(f"{current} is checked out in {source}; switch branches first")
+
+    report = PrReport(str(source), onto_name, onto_commit, base, reason, checked_only=check_only)
+    if out is None:  # beside the repository's refs, never in its working tree
+        common = gitutil.run(source, "rev-parse", "--git-common-dir")
+        out = (source / common).resolve() / "moe-patch-pr"
+    out = out.expanduser().absolute()
+    rules = read_rules(source, onto_commit)
+    staging, made = (None, []) if check_only else _prepare_out(out)
+    fetched: list[bool] = []
+    by_id = {p.id: p for p in patches}
+
+    try:
+        with applier.target_lock(source), _worktree(source, onto_commit) as work:
+
+            def base_fetch() -> bool:
+                if not fetched:
+                    fetched.append(
+                        applier.fetch_base_objects(work, chosen.base, index_url, chosen.patches)
+                    )
+                return fetched[0]
+
+            if check_only:
+                _existing(source, work, report, patches, prefix, existing)
+            else:
+                _build(source, work, report, patches, prefix, identity, version, base_fetch)
+            found, why_not = pr_tests.find_python(source, python)
+            report.python = found.versions + f" ({found.path})" if found else why_not
+            titles = {o.branch: o.title for o in report.outcomes if o.branch}
+            texts: dict[str, str] = {}
+            judged = []
+            for outcome in report.outcomes:
+                if not outcome.branch or outcome.commit is None:
+                    continue
+                base_name = outcome.stacked_on or onto_name
+                branch, evidence = _assess(
+                    source, outcome, by_id[outcome.id], base_name, found, why_not
+                )
+                path = out / f"{outcome.id}.md"
+                outcome.description = str(path)
+                if check_only:
+                    wanted = _expected_parent(source, outcome, onto_commit)
+                    branch.expected_parent = wanted == outcome.parent
+                    branch.commits = int(
+                        gitutil.run(source, "rev-list", "--count", f"{wanted}..{outcome.commit}")
+                    )
+                    try:
+                        branch.description = path.read_text()
+                    except OSError:
+                        branch.description = None
+                else:
+                    facts = _facts(outcome, report, version, branch, evidence, titles)
+                    texts[path.name] = describe(
+                        by_id[outcome.id], facts, rules, settings.results_dir
+                    )
+                    branch.description = texts[path.name]
+                branch.local_paths = (str(source), str(settings.results_dir), str(Path.home()))
+                judged.append((outcome, branch))
+            if not check_only:
+                updates = [
+                    (o.branch, o.commit, existing.get(o.id)) for o in report.outcomes if o.branch
+                ]
+                _write(source, out, staging, made, texts, updates)
+                staging = None
+            for outcome, branch in judged:
+                outcome.checks = pr_checks.check_branch(branch, rules)
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+            _remove(made)
+    _follow_up(report, source, current, rules)
+    return report
+
+
+def _existing(
+    source: Path,
+    work: Path,
+    report: PrReport,
+    patches: list[Patch],
+    prefix: str,
+    heads: dict[str, str | None],
+) -> None:
+    """``--check``: the branches a run of pr made, found by name."""
+    for patch in patches:
+        outcome = PrOutcome(patch.id, FAILED)
+        report.outcomes.append(outcome)
+        status = patch.upstream_status
+        if status.lower().startswith("inappropriate"):
+            outcome.status, outcome.detail = SKIPPED_INAPPROPRIATE, status
+            continue
+        head = heads.get(patch.id)
+        if head is None:
+            gitutil.run(work, "checkout", "-q", "--detach", report.onto_commit)
+            evidence = applier.upstream_evidence(work, patch)
+            if evidence:
+                outcome.status, outcome.detail = SKIPPED_UPSTREAM, evidence
+            else:
+                outcome.detail = f"no branch {prefix + patch.id}: run moe-patch pr first"
+            continue
+        declared = upstreaming(patch).depends
+        outcome.branch, outcome.commit = prefix + patch.id, head
+        outcome.parent = gitutil.run(source, "rev-parse", f"{head}^")
+        outcome.title = gitutil.run(source, "log", "-1", "--format=%s", head)
+        if declared and heads.get(declared[0]):
+            outcome.stacked_on = prefix + declared[0]
+        outcome.status = STACKED if outcome.stacked_on else BRANCH
+        gitutil.run(work, "checkout", "-q", "--detach", head)
+        outcome.lint_ok, outcome.lint = _lint(work, outcome.parent)
+
+
+def _expected_parent(source: Path, outcome: PrOutcome, onto_commit: str) -> str:
+    """The commit a branch must sit on: --onto, or the head of the branch it depends on."""
+    if outcome.stacked_on:
+        return _branch_head(source, outcome.stacked_on) or onto_commit
+    return onto_commit
 
 
 __all__ = ["prepare", "PrReport", "PrOutcome", "MoePatchError"]

@@ -11,6 +11,13 @@ Probes:
       ``do_not_specialize``.
   ``kernel-param FILE KERNEL PARAM``
       the jit function KERNEL in FILE has a parameter named PARAM.
+  ``defines FILE NAME``
+      FILE defines a function, class or module-level name NAME.
+  ``calls FILE FUNCTION CALLEE``
+      the function FUNCTION in FILE calls CALLEE (a dotted name, e.g. ``tl.atomic_add``).
+
+A patch whose lines a later patch of the series changes no longer reverse-applies on a
+tree that has both; a probe still recognises it there.
 """
 
 from __future__ import annotations
@@ -77,9 +84,39 @@ def kernel_param(tree_root: Path, file: str, kernel: str, param: str) -> ProbeRe
     return ProbeResult(False, f"{kernel} has no parameter {param}")
 
 
+def defines(tree_root: Path, file: str, name: str) -> ProbeResult:
+    try:
+        module = ast.parse((tree_root / file).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return ProbeResult(False, f"{file} cannot be read")
+    for node in module.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            named = {node.name}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            named = {t.id for t in targets if isinstance(t, ast.Name)}
+        else:
+            continue
+        if name in named:
+            return ProbeResult(True, f"{file} already defines {name}")
+    return ProbeResult(False, f"{file} does not define {name}")
+
+
+def calls(tree_root: Path, file: str, function: str, callee: str) -> ProbeResult:
+    found = _function(tree_root, file, function)
+    if found is None:
+        return ProbeResult(False, f"{function} not found in {file}")
+    for node in ast.walk(found):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == callee:
+            return ProbeResult(True, f"{function} already calls {callee}")
+    return ProbeResult(False, f"{function} does not call {callee}")
+
+
 PROBES = {
     "triton-no-specialize": (triton_no_specialize, 3),
     "kernel-param": (kernel_param, 3),
+    "defines": (defines, 2),
+    "calls": (calls, 3),
 }
 
 

@@ -230,21 +230,48 @@ def render_pr(report: PrReport) -> str:
         f"target: {report.onto} ({report.onto_commit[:12]}), series base v{report.series_base}"
         + (f" ({report.series_reason})" if report.series_reason else ""),
     ]
+    if report.python:
+        lines.append(f"new tests run with: {report.python}")
     for o in report.outcomes:
         head = f"{o.id}: {o.status}"
         if o.branch:
-            head += f" -> {o.branch} {o.commit[:12]} {o.title!r}"
+            head += f" -> {o.branch} {(o.commit or '')[:12]} {o.title!r}"
         if o.stacked_on:
-            head += f" (stacked on {o.stacked_on})"
+            head += f" (on {o.stacked_on})"
         lines.append(head)
         if o.detail:
             lines.append(f"    {o.detail}")
-        for line in o.lint:
-            lines.append(f"    {line}")
+        width = max((len(c.name) for c in o.checks), default=0)
+        for check in o.checks:
+            lines.append(f"    {check.name:<{width}}  {check.status}  {check.detail}")
         if o.description:
             lines.append(f"    PR description: {o.description}")
-        for command in o.commands:
-            lines.append(f"    $ {command}")
-    if any(o.branch for o in report.outcomes):
+    if report.order:
+        lines.append("merge order:")
+        by_branch = {o.branch: o for o in report.outcomes if o.branch}
+        for number, branch in enumerate(report.order, start=1):
+            after = by_branch[branch].stacked_on
+            lines.append(f"  {number}. {branch}" + (f" (after {after})" if after else ""))
+    lines += [f"note: {note}" for note in report.notes]
+    if report.order and not report.checked_only:
+        if report.setup:
+            lines.append("first, once:")
+            lines += [f"  $ {command}" for command in report.setup]
+        lines.append("then, in merge order:")
+        by_branch = {o.branch: o for o in report.outcomes if o.branch}
+        for branch in report.order:
+            lines += [f"  $ {command}" for command in by_branch[branch].commands]
+        if report.finish:
+            lines.append("finally:")
+            lines += [f"  $ {command}" for command in report.finish]
+    failing = [f"{o.id}: {c.name}" for o in report.outcomes for c in o.checks if c.status == "fail"]
+    judged = [o for o in report.outcomes if o.checks]
+    if judged:
+        lines.append(
+            f"checklist: every item passes on {len(judged)} branch(es)"
+            if not failing
+            else f"checklist: {len(failing)} item(s) fail: {', '.join(failing)}"
+        )
+    if report.order and not report.checked_only:
         lines.append("nothing was pushed; run the commands above to open the pull requests")
     return "\n".join(lines)

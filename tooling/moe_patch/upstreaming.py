@@ -1,11 +1,20 @@
 """How a patch of the series goes upstream, read from the patch's own ``Upstream-*`` trailers.
 
-``Upstream-Tag``        the vLLM PR title's tag (``[Perf]``, ``[Kernel]``); default ``[Misc]``
+``Upstream-Tag``        the vLLM PR title's tag(s) (``[Kernel]``, ``[Perf][MoE]``); default
+                        ``[Misc]``
+``Upstream-Depends``    the id of the patch of the same series whose pull request must be
+                        merged first: the branch is stacked on that one's
 ``Upstream-Test``       a test file the pull request adds, by its path in vLLM; the file is
                         kept under the series root's ``upstream/`` folder at that path
-``Upstream-Results``    a results file under ``kernels/results/`` for the Test Result section
-                        (repeated: several, shown in order)
+``Upstream-Docs``       a page under ``docs/`` the change must update (a user-visible change
+                        the reference pages do not generate, such as a new default)
+``Upstream-Results``    a results file under ``kernels/results/`` for the description's
+                        table, optionally followed by ``key=value`` row selectors (repeated:
+                        several, the first shown, the others collapsed)
 ``Upstream-Benchmark``  a command a reviewer runs inside vLLM, on the base and on the branch
+``Assisted-by``         how the change was written; kept in the upstream commit
+
+A new patch needs no change to the tool: everything ``pr`` does with it comes from these.
 """
 
 from __future__ import annotations
@@ -22,9 +31,12 @@ class Upstreaming:
     """How one patch goes upstream (see the module's docstring)."""
 
     tag: str = "[Misc]"
+    depends: tuple[str, ...] = ()
     tests: dict[str, str] = field(default_factory=dict)  # path in vLLM -> content
-    results: tuple[str, ...] = ()  # results files under kernels/results/
+    docs: tuple[str, ...] = ()
+    results: tuple[str, ...] = ()  # "file [key=value ...]" under kernels/results/
     benchmarks: list[str] = field(default_factory=list)
+    assisted_by: list[str] = field(default_factory=list)
 
 
 UPSTREAM_FILES = "upstream"  # beside the series directories
@@ -43,9 +55,37 @@ def upstreaming(patch: Patch) -> Upstreaming:
                 f"patch {patch.path.name} names Upstream-Test {path}, which is not in "
                 f"{files}; add the file or remove the trailer"
             ) from None
+    docs = tuple(patch.trailer_values("Upstream-Docs"))
+    for path in docs:
+        patchfile.check_path(path, patch.path.name)
     return Upstreaming(
         tag=patch.trailer("Upstream-Tag") or "[Misc]",
+        depends=tuple(patch.trailer_values("Upstream-Depends")),
         tests=tests,
+        docs=docs,
         results=tuple(patch.trailer_values("Upstream-Results")),
         benchmarks=patch.trailer_values("Upstream-Benchmark"),
+        assisted_by=patch.trailer_values("Assisted-by"),
     )
+
+
+def dependency_problems(patches: list[Patch]) -> list[str]:
+    """What is wrong with the series' ``Upstream-Depends`` trailers: each names one earlier
+    patch of the same series, and a patch names at most one."""
+    problems = []
+    seen: list[str] = []
+    for patch in patches:
+        named = patch.trailer_values("Upstream-Depends")
+        if len(named) > 1:
+            problems.append(
+                f"{patch.path.name} names {len(named)} Upstream-Depends; a branch stacks on "
+                "one (name the last, which carries the others)"
+            )
+        for dependency in named:
+            if dependency not in seen:
+                problems.append(
+                    f"{patch.path.name}: Upstream-Depends {dependency} is not an earlier patch "
+                    "of this series"
+                )
+        seen.append(patch.id)
+    return problems

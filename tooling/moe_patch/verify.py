@@ -59,7 +59,7 @@ from .errors import MoePatchError
 from .pipconfig import index_settings
 from .report import APPLIED, FAIL, FAILED, PASS, SKIP, as_json
 from .settings import Settings
-from .upstreaming import upstreaming
+from .upstreaming import dependency_problems, upstreaming
 
 SERIES_CHECKS = ("series-integrity", "exported-form")
 RELEASE_CHECKS = ("apply", "compile", "ruff-check", "ruff-format", "kernels")
@@ -151,7 +151,7 @@ def check_integrity(base: str, series_root: Path) -> Check:
     for name in on_disk:
         if name not in listed:
             problems.append(f"{name} is not listed in series")
-    count = 0
+    read = []
     for name in dict.fromkeys(listed):
         path = directory / name
         if "/" in name or not path.is_file():
@@ -162,8 +162,10 @@ def check_integrity(base: str, series_root: Path) -> Check:
         except MoePatchError as exc:
             problems.append(exc.message)
             continue
-        count += 1
+        read.append(patch)
         problems += [f"{name}: {p}" for p in header_problems(patch)]
+    problems += dependency_problems(read)
+    count = len(read)
     if problems:
         return Check("series-integrity", FAIL, "; ".join(problems))
     return Check(

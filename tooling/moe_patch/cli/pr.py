@@ -24,7 +24,8 @@ from .options import index_option, json_option, pass_settings, series_option
     epilog=command_epilog(
         [
             "moe-patch pr --source ~/src/vllm --onto upstream/main",
-            "moe-patch pr --source ~/src/vllm --onto v0.33.0 --only jit-annotations",
+            "moe-patch pr --source ~/src/vllm --onto v0.33.0 --python ~/src/vllm/.venv/bin/python",
+            "moe-patch pr --source ~/src/vllm --onto v0.33.0 --check",
         ],
         FETCHING | {EXIT_PATCH_FAILED, EXIT_STATE, EXIT_VERIFY_FAILED},
     ),
@@ -55,31 +56,58 @@ from .options import index_option, json_option, pass_settings, series_option
 )
 @click.option("--only", multiple=True, metavar="ID", help="Only this patch (repeatable).")
 @click.option("--force", is_flag=True, help="Replace branches of the same name.")
+@click.option(
+    "--check",
+    "check_only",
+    is_flag=True,
+    help="Only judge the existing branches and descriptions against the target's "
+    "pull-request checklist (writes nothing).",
+)
+@click.option(
+    "--python",
+    metavar="PY",
+    help="The Python that runs each branch's new tests on its base and on the branch (one "
+    "with vLLM's dependencies, torch and pytest) [default: $MOE_PATCH_PR_PYTHON, else the "
+    "clone's .venv, python3, moe-patch's own, the first that imports torch and pytest].",
+)
 @index_option
 @json_option
 @series_option
 @pass_settings
-def command(source, onto, prefix, out, only, force, as_json, settings):
-    """Make one upstream-ready branch per patch that vLLM lacks at --onto.
+def command(source, onto, prefix, out, only, force, check_only, python, as_json, settings):
+    """Make one upstream-ready branch per patch that vLLM lacks at --onto, and check each
+    against the target tree's own pull-request checklist.
 
-    Each branch holds its patch as one commit with a vLLM-style title ([Perf] ...),
-    the reasons as the body, the tests its Upstream-Test trailers name and a
-    Signed-off-by for your git identity; it passes the target tree's own ruff
-    configuration at the ruff version the tree pins.  Patches that are Inappropriate
-    upstream or already upstream are skipped.  A PR description in the target's own
-    template is written per branch, with the git push and gh pr create commands.
-    Nothing is pushed.
+    Each branch holds its patch as one commit with a vLLM-style title ([Kernel] ...), the
+    patch's what and why as the body, the tests its Upstream-Test trailers name and a
+    Signed-off-by for your git identity, on --onto or on the branch its Upstream-Depends
+    trailer names.  Patches that are Inappropriate upstream or already upstream are
+    skipped.  A description in the target's own template is written per branch.  Then
+    every branch is checked (commit, template, overview, claims, evidence, size, repeats,
+    complexity, ruff, docs, tests, placeholders, agents): its new tests run on its base
+    and on it.  The report lists the branches in merge order with the commands that push
+    them and open the pull requests.  Nothing is pushed.  Exit 8 when an item fails.
     """
-    report = engine.prepare(source, onto, out, prefix, list(only) or None, settings, force)
+    report = engine.prepare(
+        source,
+        onto,
+        out,
+        prefix,
+        list(only) or None,
+        settings,
+        force,
+        python=python,
+        check_only=check_only,
+    )
     click.echo(report.to_json() if as_json else render_pr(report))
     failed = [o.id for o in report.outcomes if o.status == engine.FAILED]
     if failed:
         raise MoePatchError(
             f"no branch for {', '.join(failed)}: see the report above", EXIT_PATCH_FAILED
         )
-    lint = [o.id for o in report.outcomes if o.detail.startswith("lint fails")]
-    if lint:
+    failing = [o.id for o in report.outcomes if o.check_failed]
+    if failing:
         raise MoePatchError(
-            f"{', '.join(lint)}: lint fails with the target's own ruff configuration",
+            f"{', '.join(failing)}: the pull-request checklist fails (see the items above)",
             EXIT_VERIFY_FAILED,
         )

@@ -41,7 +41,9 @@ LONG_K, SHORT_K = 56, 3
 @pytest.mark.parametrize("split_k", [2, 4])
 @pytest.mark.parametrize("k_steps", [SHORT_K, LONG_K])
 def test_split_k_while_the_grid_is_smaller_than_the_gpu(split_k: int, k_steps: int):
-    assert fused_moe.split_k_for(True, split_k, SM_COUNT - 1, k_steps, DEVICE) == split_k
+    assert (
+        fused_moe.split_k_for(True, split_k, SM_COUNT - 1, k_steps, DEVICE) == split_k
+    )
     assert fused_moe.split_k_for(True, split_k, 2 * SM_COUNT, k_steps, DEVICE) == 1
 
 
