@@ -11,11 +11,6 @@ from moe_patch.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-# docs/commands/pr.md is written with issue 45's work on `pr` (branch work/pr); until that
-# merges, its page may be missing here.  Every other command must have one.
-PAGES_FROM_ELSEWHERE = {"pr"}
-
-
 def test_the_readme_is_a_front_page():
     text = (ROOT / "README.md").read_text()
     assert len(text.encode()) <= 10 * 1024
@@ -29,16 +24,13 @@ def test_the_readme_is_a_front_page():
 @pytest.mark.parametrize("name", list(main.commands))
 def test_every_command_has_a_page_with_its_exit_codes(name):
     page = DOCS / "commands" / f"{name}.md"
-    if name in PAGES_FROM_ELSEWHERE and not page.exists():
-        pytest.skip(f"docs/commands/{name}.md comes with another branch")
     text = page.read_text()
     assert text.startswith(f"# `moe-patch {name}`"), name
     assert f"({name}.md)" in (DOCS / "commands" / "README.md").read_text()
     help_text = CliRunner().invoke(main, [name, "--help"]).output
     codes = re.findall(r"^\s+(\d+)  ", help_text.split("Exit codes:")[1], re.MULTILINE)
-    if name not in PAGES_FROM_ELSEWHERE:
-        line = re.search(r"^Exit codes: (\d+(?:, \d+)*)", text, re.MULTILINE)
-        assert line and line.group(1).split(", ") == codes, (name, codes)
+    line = re.search(r"^Exit codes: (\d+(?:, \d+)*)", text, re.MULTILINE)
+    assert line and line.group(1).split(", ") == codes, (name, codes)
 
 
 def test_every_patch_has_a_page_that_says_what_why_measured_upstream_and_releases():
