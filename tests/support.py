@@ -352,3 +352,30 @@ def tar_member(name, kind=tarfile.REGTYPE, linkname=""):
     data = b"x" if kind == tarfile.REGTYPE else None
     info.size = len(data) if data else 0
     return info, data
+
+
+def user_gitconfig(root: Path, monkeypatch, text: str) -> Path:
+    """A HOME whose ~/.gitconfig holds ``text``: the user's global git configuration."""
+    home = root / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text(text)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    return home
+
+
+def mount_tmpfs(mountpoint: Path, size: str) -> Path:
+    """A tmpfs of ``size`` at ``mountpoint`` (skips where mounting one is not allowed); the
+    caller unmounts it."""
+    mountpoint.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mountpoint)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()})")
+    return mountpoint

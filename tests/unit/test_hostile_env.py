@@ -17,7 +17,14 @@ from moe_patch import cache, index
 from moe_patch.cli import main
 from moe_patch.errors import NetworkError, UsageError
 from moe_patch.pipconfig import IndexSettings, redact
-from support import git, make_sdist, release_checkout, release_files, unrelated_repo
+from support import (
+    git,
+    make_sdist,
+    release_checkout,
+    release_files,
+    unrelated_repo,
+    user_gitconfig,
+)
 
 JSON = "application/vnd.pypi.simple.v1+json"
 SECRET_BASE = "https://alice:hunter2@index.example.invalid/simple/vllm/"
@@ -150,15 +157,12 @@ def test_signing_and_failing_hooks_of_the_user_do_not_fail_the_series(
     for name in ("pre-commit", "commit-msg", "post-checkout", "reference-transaction"):
         (hooks / name).write_text("#!/bin/sh\nexit 1\n")
         (hooks / name).chmod(0o755)
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / ".gitconfig").write_text(
+    user_gitconfig(
+        tmp_path,
+        monkeypatch,
         f"[core]\n\thooksPath = {hooks}\n\tautocrlf = true\n"
-        "[commit]\n\tgpgSign = true\n[tag]\n\tgpgSign = true\n[gpg]\n\tprogram = false\n"
+        "[commit]\n\tgpgSign = true\n[tag]\n\tgpgSign = true\n[gpg]\n\tprogram = false\n",
     )
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
-    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
     result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "t")])
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output

@@ -335,7 +335,7 @@ def _touches_patch(tree: Path, formatter_diff: str, name: str, base: str) -> boo
             wanted.update((line - 1, line))  # an insertion touches its neighbours
         elif text.startswith(" "):
             line += 1
-    ours = gitutil.run(tree, "diff", "-U0", base, "HEAD", "--", name)
+    ours = gitutil.run(tree, "diff", "--no-ext-diff", "-U0", base, "HEAD", "--", name)
     for match in _HUNK.finditer(ours):
         start, length = int(match.group(3)), int(match.group(4) or 1)
         if wanted.intersection(range(start, start + max(length, 1))):
