@@ -30,6 +30,7 @@ from .pipconfig import IndexSettings, redact, without_credentials
 
 PROJECT = "vllm"
 LISTING_TTL = 600  # seconds a cached listing counts as fresh
+TIMEOUT = 30  # seconds one wait for the index to answer may last
 LISTING_LIMIT = 64 << 20  # bytes: PyPI's vllm listing is a few MB; reading stops past it
 # seconds for the whole listing, however slowly it trickles in (MOE_PATCH_DOWNLOAD_DEADLINE,
 # the limit of every request, when that is shorter)
@@ -155,7 +156,7 @@ def _fetch(settings: IndexSettings) -> tuple[list[Distribution], list[Distributi
     allowed = min(LISTING_DEADLINE, streaming.deadline())
     try:
         response, ends = streaming.get(
-            page, allowed, headers={"Accept": _JSON_ACCEPT}, verify=settings.cert or True
+            page, allowed, TIMEOUT, headers={"Accept": _JSON_ACCEPT}, verify=settings.cert or True
         )
         with response:
             if response.status_code != 200:
@@ -167,7 +168,7 @@ def _fetch(settings: IndexSettings) -> tuple[list[Distribution], list[Distributi
             if declared > LISTING_LIMIT:
                 raise streaming.TooLarge
             body = bytearray()
-            for piece in streaming.pieces(response, ends, LISTING_LIMIT):
+            for piece in streaming.pieces(response, ends, LISTING_LIMIT, TIMEOUT):
                 body += piece
     except streaming.TooLarge:
         raise NetworkError(

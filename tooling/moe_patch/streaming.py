@@ -19,7 +19,7 @@ from . import cache
 
 DEFAULT_DEADLINE = 1800.0  # seconds for one request; MOE_PATCH_DOWNLOAD_DEADLINE overrides it
 PIECE = 64 << 10  # bytes read at most per call
-READ_TIMEOUT = 60.0  # seconds one read may wait, whatever the deadline
+READ_TIMEOUT = 60.0  # seconds one wait for the server may last, whatever the deadline
 
 
 class TooSlow(Exception):
@@ -36,11 +36,14 @@ def deadline() -> float:
     return cache.seconds_from_env("MOE_PATCH_DOWNLOAD_DEADLINE", DEFAULT_DEADLINE)
 
 
-def get(url: str, seconds: float, **kwargs) -> tuple[requests.Response, float]:
+def get(
+    url: str, seconds: float, wait: float = READ_TIMEOUT, **kwargs
+) -> tuple[requests.Response, float]:
     """``GET url`` (streamed) and the monotonic time its deadline, ``seconds`` from now,
-    ends at: connecting and the headers are bounded by it too (:class:`TooSlow`)."""
+    ends at: connecting and the headers are bounded by it too (:class:`TooSlow`), and each
+    wait for the server by ``wait``."""
     ends = time.monotonic() + seconds
-    wait = min(READ_TIMEOUT, seconds)
+    wait = min(wait, seconds)
     if wait <= 0:
         raise TooSlow
     try:
@@ -51,7 +54,9 @@ def get(url: str, seconds: float, **kwargs) -> tuple[requests.Response, float]:
         raise
 
 
-def pieces(response: requests.Response, ends: float, limit: int | None = None) -> Iterator[bytes]:
+def pieces(
+    response: requests.Response, ends: float, limit: int | None = None, wait: float = READ_TIMEOUT
+) -> Iterator[bytes]:
     """The (decoded) body of ``response`` as it arrives; :class:`TooSlow` once ``ends``
     (monotonic) has passed, :class:`TooLarge` as soon as more than ``limit`` bytes came.
     A broken connection raises :class:`requests.ConnectionError`."""
@@ -63,7 +68,7 @@ def pieces(response: requests.Response, ends: float, limit: int | None = None) -
         if left <= 0:
             raise TooSlow
         if sock is not None:
-            sock.settimeout(min(READ_TIMEOUT, left))
+            sock.settimeout(min(wait, left))
         amount = PIECE if limit is None else min(PIECE, limit - total + 1)
         try:
             piece = raw.read1(amount, decode_content=True)  # what has arrived, no waiting
