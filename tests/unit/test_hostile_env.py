@@ -279,8 +279,17 @@ def test_an_unexpected_exception_is_one_line_exit_1_unless_debugging(
     assert result.exit_code == 1
     assert "moe-patch: internal error: KeyError: 'boom'; please report it" in result.stderr
     assert "Traceback" not in result.output
+    for off in ("0", "false", "off", ""):
+        monkeypatch.setenv("MOE_PATCH_DEBUG", off)
+        quiet = CliRunner().invoke(main, args)
+        assert quiet.exit_code == 1 and "Traceback" not in quiet.output, off
     monkeypatch.setenv("MOE_PATCH_DEBUG", "1")
-    assert isinstance(CliRunner().invoke(main, args).exception, KeyError)
+    debug = CliRunner().invoke(main, args)
+    assert debug.exit_code == 1
+    assert (
+        "Traceback (most recent call last)" in debug.stderr and "KeyError: 'boom'" in debug.stderr
+    )
+    assert debug.stderr.splitlines()[-1].startswith("moe-patch: internal error: KeyError")
 
 
 @pytest.mark.parametrize("damage", ["delete", "truncate", "flip"])

@@ -290,6 +290,12 @@ def _free_bytes(path: Path) -> int | None:
     return None
 
 
+def require_git() -> None:
+    """Bad input, in one line, when there is no git to run."""
+    if shutil.which("git") is None:
+        raise UsageError(GIT_MISSING)
+
+
 def user_setting(cwd: Path | str, key: str) -> str | None:
     """``git config --get KEY`` as the user's own git sees it in ``cwd`` (system, global,
     local and their ``-c`` settings); None when unset.  For their identity only: nothing

@@ -690,6 +690,7 @@ def revert(target: Path | None = None) -> InstalledReport:
         shutil.rmtree(install.state_dir)
         _fill(report, state, install)
         report.state = "reverted"
+        report.patches = [{**patch, "status": "reverted"} for patch in state.patches]
         for item in report.files:
             item["now"] = "release"
     return report

@@ -40,7 +40,7 @@ import git
 from packaging.version import Version
 
 from . import applier, export, gitutil, index, lint, patchfile, probes, series, sources, trees
-from .errors import MoePatchError
+from .errors import MoePatchError, UsageError
 from .pipconfig import index_settings
 from .report import APPLIED, FAIL, FAILED, PASS, SKIP, as_json
 from .settings import Settings
@@ -484,6 +484,13 @@ def verify(
     """Verify the series on ``versions`` (default: every supported release)."""
     started = time.perf_counter()
     settings = settings or Settings.resolve()
+    gitutil.require_git()  # set-up problems are bad input before any work, not failed checks
+    lint.configured()
+    if kernels and kernels_python and shutil.which(kernels_python) is None:
+        raise UsageError(
+            f"--kernels-python {kernels_python!r} (or MOE_PATCH_KERNELS_PYTHON) is not a program "
+            "moe-patch can run; give the path of a Python that has torch and triton"
+        )
     root, index_url = settings.series_root, settings.index_url
     known = series.required_bases(root)
     if versions:

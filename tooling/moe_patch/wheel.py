@@ -272,6 +272,13 @@ def _timestamp(infos: list[zipfile.ZipInfo]) -> tuple[int, int, int, int, int, i
     return max((i.date_time for i in infos), default=(1980, 1, 1, 0, 0, 0))
 
 
+def _new_file_mode() -> int:
+    """The mode ``open()`` gives a new file: 0666 less the umask (0644 under umask 022)."""
+    umask = os.umask(0o077)  # reading the umask means setting it; put it straight back
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def _zinfo(name: str, date_time, executable: bool) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(name, date_time=date_time)
     info.create_system = 3  # unix: external_attr carries the permissions
@@ -466,6 +473,7 @@ def build(
                     text.getvalue().encode("utf-8"),
                     zipfile.ZIP_STORED,
                 )
+            os.chmod(tmp, _new_file_mode())  # mkstemp's 0600 is for the unfinished file
             os.replace(tmp, final)
         finally:
             with contextlib.suppress(FileNotFoundError):
