@@ -28,7 +28,7 @@ EXIT_MEANINGS = {
     EXIT_OK: "success",
     EXIT_INTERNAL: "internal error: a bug in moe-patch (please report it; MOE_PATCH_DEBUG=1 "
     "shows more)",
-    EXIT_USAGE: "bad input (unknown version, option, or source tree)",
+    EXIT_USAGE: "bad input (unknown version, option, source tree, missing program or git)",
     EXIT_PATCH_FAILED: "a patch failed to apply (the tree is left at the last good commit)",
     EXIT_NETWORK: "the package index or a download could not be reached",
     EXIT_INTEGRITY: "integrity error (hash mismatch, corrupt or hostile archive or patch)",
