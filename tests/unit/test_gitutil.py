@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 
+import pytest
 from moe_patch import gitutil
 
 
@@ -87,11 +88,13 @@ def test_every_git_call_runs_under_the_pinned_configuration(
         assert int(count) >= len(gitutil.PINNED), command
 
 
+@pytest.mark.parametrize("scope", ["global", "system"])
 def test_a_network_clone_keeps_the_users_transport_settings_not_their_output_ones(
-    fake_index, series_root, tmp_path, monkeypatch
+    fake_index, series_root, tmp_path, monkeypatch, scope
 ):
-    """--git URL: the user's url.*.insteadOf (where credential helpers and proxies live too)
-    still reaches the remote; their core.autocrlf still changes nothing in the tree."""
+    """--git URL: the user's url.*.insteadOf (where credential helpers and proxies live too,
+    in their global or system configuration) still reaches the remote; their core.autocrlf
+    still changes nothing in the tree."""
     from click.testing import CliRunner
     from moe_patch import trees
     from moe_patch.cli import main
@@ -99,12 +102,16 @@ def test_a_network_clone_keeps_the_users_transport_settings_not_their_output_one
 
     fake_index.add("1.0.0")
     remote = trees.release_repo("1.0.0")
-    user_gitconfig(
-        tmp_path,
-        monkeypatch,
+    text = (
         f'[url "{remote.as_uri()}"]\n\tinsteadOf = https://mirror.invalid/vllm\n'
-        "[core]\n\tautocrlf = true\n",
+        "[core]\n\tautocrlf = true\n"
     )
+    if scope == "global":
+        user_gitconfig(tmp_path, monkeypatch, text)
+    else:
+        (tmp_path / "gitconfig").write_text(text)
+        monkeypatch.setenv("GIT_CONFIG_SYSTEM", str(tmp_path / "gitconfig"))
+        monkeypatch.delenv("GIT_CONFIG_NOSYSTEM", raising=False)
     into = tmp_path / "t"
     args = ["apply", "--vllm", "1.0.0", "--git", "https://mirror.invalid/vllm", "--into", str(into)]
     result = CliRunner().invoke(main, args)
@@ -115,7 +122,6 @@ def test_a_network_clone_keeps_the_users_transport_settings_not_their_output_one
 
 def test_a_failed_write_on_a_full_disk_is_a_local_io_error(tmp_path, monkeypatch):
     import git as gitpython
-    import pytest
     from moe_patch.errors import LocalIOError
 
     quiet = gitpython.GitCommandError(["git"], 128, b"fatal: could not set 'core.bare'")

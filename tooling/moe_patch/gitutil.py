@@ -197,12 +197,13 @@ def environment(env: Mapping[str, str] | None = None, transport: bool = False) -
     """The environment of a git command of moe-patch: this process's, less the caller's git
     variables and configuration, plus ``env`` (the command's own GIT_DIR, identity ...)."""
     full = {key: value for key, value in os.environ.items() if not _is_callers(key)}
-    if transport:
+    full.update(_FIXED_ENV)
+    if transport:  # the system configuration may hold the credential helper: theirs, too
+        full.pop("GIT_CONFIG_NOSYSTEM")
         full.update({k: v for k, v in os.environ.items() if k in _TRANSPORT_VARIABLES})
     else:
         full.pop("XDG_CONFIG_HOME", None)
         full.update(HOME=os.devnull, GIT_CONFIG_GLOBAL=os.devnull)
-    full.update(_FIXED_ENV)
     full.update(env or {})
     return _with_config(full, PINNED + _safe_directories())
 

@@ -435,6 +435,7 @@ def build(
         out_dir.mkdir(parents=True, exist_ok=True)
         final = out_dir / filename
         fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=f".{filename}.part-")
+        os.fchmod(fd, _new_file_mode())  # mkstemp's 0600 is for the unfinished file only
         os.close(fd)
         tmp = Path(tmp_name)
         rows: list[RecordEntry] = []
@@ -473,7 +474,6 @@ def build(
                     text.getvalue().encode("utf-8"),
                     zipfile.ZIP_STORED,
                 )
-            os.chmod(tmp, _new_file_mode())  # mkstemp's 0600 is for the unfinished file
             os.replace(tmp, final)
         finally:
             with contextlib.suppress(FileNotFoundError):
