@@ -122,8 +122,8 @@ def test_moe_patch_ruff_picks_the_binary(monkeypatch, tree, tmp_path):
     mine.chmod(0o755)
     monkeypatch.setenv("MOE_PATCH_RUFF", str(mine))
     assert lint.ruff_for(tree) == lint.Ruff(str(mine), None, "MOE_PATCH_RUFF")
-    monkeypatch.setenv("MOE_PATCH_RUFF", "/opt/no-such-ruff")
-    with pytest.raises(UsageError, match="MOE_PATCH_RUFF='/opt/no-such-ruff' is not a program"):
+    monkeypatch.setenv("MOE_PATCH_RUFF", "/nowhere/no-such-ruff")
+    with pytest.raises(UsageError, match="MOE_PATCH_RUFF='/nowhere/no-such-ruff' is not a program"):
         lint.ruff_for(tree)
 
 
