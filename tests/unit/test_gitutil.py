@@ -138,3 +138,19 @@ def test_a_failed_write_on_a_full_disk_is_a_local_io_error(tmp_path, monkeypatch
     )
     with pytest.raises(LocalIOError):
         gitutil._raise_if_disk_full(said, ["checkout"], [tmp_path])
+
+
+def test_output_as_gitpython_gives_it(tmp_path):
+    """The keyword arguments callers pass as they would to GitPython's execute."""
+    from support import git
+
+    repo = _repo(tmp_path)
+    (repo / "f").write_text("f\n")
+    git(repo, "add", "f")
+    git(repo, "commit", "-qm", "f")
+    assert gitutil.run(repo, "rev-parse", "--git-dir") == ".git"
+    assert gitutil.run(repo, "rev-parse", "--git-dir", strip_newline_in_stdout=False) == ".git\n"
+    assert gitutil.run(repo, "rev-parse", "--git-dir", stdout_as_string=False) == b".git"
+    status, out, said = gitutil.run(repo, "checkout", "--detach", with_extended_output=True)
+    assert (status, out) == (0, "") and said.startswith("HEAD is now at ")
+    assert not said.endswith("\n")

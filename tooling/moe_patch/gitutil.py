@@ -215,9 +215,11 @@ def run(
     transport: bool = False,
     strip_newline_in_stdout: bool = True,
     stdout_as_string: bool = True,
-) -> str | bytes:
+    with_extended_output: bool = False,
+):
     """``git ARGS`` in ``cwd`` under :func:`environment`: its output (one final newline
-    stripped); raises :class:`git.GitCommandError` on failure, :class:`LocalIOError` when a
+    stripped), or with ``with_extended_output`` (status, output, error output) as GitPython
+    gives them; raises :class:`git.GitCommandError` on failure, :class:`LocalIOError` when a
     write failed because the disk is full, :class:`UsageError` when there is no git.
 
     ``transport``: a clone or fetch over the network, which keeps the user's transport
@@ -245,7 +247,11 @@ def run(
     out = done.stdout
     if strip_newline_in_stdout and out.endswith(b"\n"):
         out = out[:-1]
-    return out.decode("utf-8", "surrogateescape") if stdout_as_string else out
+    out = out.decode("utf-8", "surrogateescape") if stdout_as_string else out
+    if with_extended_output:
+        said = done.stderr.removesuffix(b"\n").decode("utf-8", "surrogateescape")
+        return done.returncode, out, said
+    return out
 
 
 _DIR_VARIABLES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
