@@ -154,3 +154,14 @@ def test_output_as_gitpython_gives_it(tmp_path):
     status, out, said = gitutil.run(repo, "checkout", "--detach", with_extended_output=True)
     assert (status, out) == (0, "") and said.startswith("HEAD is now at ")
     assert not said.endswith("\n")
+    message = tmp_path / "message"
+    message.write_text("from standard input\n")
+    with message.open("rb") as handle:
+        made = gitutil.run(
+            repo,
+            "commit-tree",
+            "HEAD^{tree}",
+            env=gitutil.commit_env("a", "a@b.invalid", "@0 +0000"),
+            istream=handle,
+        )
+    assert gitutil.run(repo, "cat-file", "commit", made).endswith("\n\nfrom standard input")

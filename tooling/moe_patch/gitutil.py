@@ -216,10 +216,11 @@ def run(
     strip_newline_in_stdout: bool = True,
     stdout_as_string: bool = True,
     with_extended_output: bool = False,
+    istream=None,
 ):
-    """``git ARGS`` in ``cwd`` under :func:`environment`: its output (one final newline
-    stripped), or with ``with_extended_output`` (status, output, error output) as GitPython
-    gives them; raises :class:`git.GitCommandError` on failure, :class:`LocalIOError` when a
+    """``git ARGS`` in ``cwd`` under :func:`environment`, reading ``istream`` (a file) if
+    given: its output (one final newline stripped), or with ``with_extended_output`` (status,
+    output, error output), the keyword arguments as GitPython's ``execute`` takes them; raises :class:`git.GitCommandError` on failure, :class:`LocalIOError` when a
     write failed because the disk is full, :class:`UsageError` when there is no git.
 
     ``transport``: a clone or fetch over the network, which keeps the user's transport
@@ -231,7 +232,11 @@ def run(
     full_env = environment(env, transport)
     try:
         done = subprocess.run(
-            command, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, capture_output=True
+            command,
+            cwd=cwd,
+            env=full_env,
+            stdin=subprocess.DEVNULL if istream is None else istream,
+            capture_output=True,
         )
     except FileNotFoundError:
         if shutil.which("git", path=full_env.get("PATH")) is None:
