@@ -94,8 +94,15 @@ class FakeIndex:
     listed_hash: dict[str, str] = field(default_factory=dict)  # filename -> hash to list
     listed_size: dict[str, int] = field(default_factory=dict)  # filename -> size to list
     mode: str = "ok"  # ok | garbage | error | html | truncate
-    delay: float = 0.0  # seconds between 256-byte chunks of a file (slow downloads)
+    delay: float = 0.0  # seconds between pieces of a file (slow downloads)
+    piece: int = 256  # bytes per piece when there is a delay
+    listing_delay: float = 0.0  # the same for the listing
+    stall: float = 0.0  # seconds a file's body waits after its headers
+    endless: bool = False  # files: no Content-Length, an unending body (ENDLESS bytes at most)
+    listing_padding: int = 0  # bytes of whitespace after the listing, without Content-Length
     requests: list[str] = field(default_factory=list)
+    authorizations: dict[str, str | None] = field(default_factory=dict)  # path -> header
+    sent: dict[str, int] = field(default_factory=dict)  # path -> body bytes written
 
     def add(self, version: str, archive: bytes | None = None) -> None:
         self.archives[f"vllm-{version}.tar.gz"] = (
@@ -113,6 +120,14 @@ class FakeIndex:
         return json.dumps({"meta": {"api-version": "1.1"}, "name": "vllm", "files": files}).encode()
 
 
+ENDLESS = 256 << 20  # bytes an "endless" body sends before it gives up
+
+
+def _slowly(piece: bytes, delay: float) -> bytes:
+    time.sleep(delay)
+    return piece
+
+
 @pytest.fixture
 def fake_index(cache_dir, monkeypatch):
     index = FakeIndex()
@@ -121,8 +136,20 @@ def fake_index(cache_dir, monkeypatch):
         def log_message(self, *args):
             pass
 
+        def stream(self, pieces) -> None:
+            """Write ``pieces`` until the client hangs up, counting what was sent."""
+            index.sent[self.path] = 0
+            try:
+                for piece in pieces:
+                    self.wfile.write(piece)
+                    self.wfile.flush()
+                    index.sent[self.path] += len(piece)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
         def do_GET(self):
             index.requests.append(self.path)
+            index.authorizations[self.path] = self.headers.get("Authorization")
             if index.mode == "error":
                 self.send_error(503)
                 return
@@ -150,17 +177,27 @@ def fake_index(cache_dir, monkeypatch):
             else:
                 self.send_error(404)
                 return
+            is_file = self.path.startswith("/files/")
+            unsized = (index.endless and is_file) or (index.listing_padding and not is_file)
             self.send_response(200)
             self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
+            if unsized:
+                self.send_header("Connection", "close")
+            else:
+                self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            if index.delay and self.path.startswith("/files/"):
-                for start in range(0, len(body), 256):
-                    self.wfile.write(body[start : start + 256])
-                    self.wfile.flush()
-                    time.sleep(index.delay)
-                return
-            self.wfile.write(body)
+            delay = index.delay if is_file else index.listing_delay
+            if is_file and index.stall:
+                time.sleep(index.stall)
+            if unsized:
+                extra = index.listing_padding if not is_file else ENDLESS
+                filler = (b"\0" if is_file else b" ") * (1 << 20)
+                self.stream([body, *(filler for _ in range(extra >> 20))])
+            elif delay:
+                pieces = range(0, len(body), index.piece)
+                self.stream(_slowly(body[at : at + index.piece], delay) for at in pieces)
+            else:
+                self.wfile.write(body)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     # serve_forever notices shutdown() at its next poll: 0.5 s by default, per test.
@@ -365,3 +402,30 @@ def tar_member(name, kind=tarfile.REGTYPE, linkname=""):
     data = b"x" if kind == tarfile.REGTYPE else None
     info.size = len(data) if data else 0
     return info, data
+
+
+def user_gitconfig(root: Path, monkeypatch, text: str) -> Path:
+    """A HOME whose ~/.gitconfig holds ``text``: the user's global git configuration."""
+    home = root / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text(text)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    return home
+
+
+def mount_tmpfs(mountpoint: Path, size: str) -> Path:
+    """A tmpfs of ``size`` at ``mountpoint`` (skips where mounting one is not allowed); the
+    caller unmounts it."""
+    mountpoint.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mountpoint)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()})")
+    return mountpoint

@@ -19,7 +19,15 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from support import KERNEL_MODULE, git, make_sdist, release_files, tree_digest, unrelated_repo
+from support import (
+    KERNEL_MODULE,
+    git,
+    make_sdist,
+    mount_tmpfs,
+    release_files,
+    tree_digest,
+    unrelated_repo,
+)
 from wheel_support import add_wheel, make_wheel, pip_install
 
 CLI = [sys.executable, "-c", "from moe_patch.cli import main; main()"]
@@ -55,16 +63,7 @@ def _damage_cached_release(cache: Path) -> None:
 def _full_filesystem(mountpoint: Path) -> Path:
     """A small tmpfs at ``mountpoint`` with a few kilobytes left (skips where mounting one is
     not allowed)."""
-    mountpoint.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a full tmpfs needs root")
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()})")
+    mount_tmpfs(mountpoint, "1m")
     free = shutil.disk_usage(mountpoint).free
     (mountpoint / "filler").write_bytes(b"\0" * (free - 8192))
     return mountpoint

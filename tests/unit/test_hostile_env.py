@@ -17,7 +17,14 @@ from moe_patch import cache, index
 from moe_patch.cli import main
 from moe_patch.errors import NetworkError, UsageError
 from moe_patch.pipconfig import IndexSettings, redact
-from support import git, make_sdist, release_checkout, release_files, unrelated_repo
+from support import (
+    git,
+    make_sdist,
+    release_checkout,
+    release_files,
+    unrelated_repo,
+    user_gitconfig,
+)
 
 JSON = "application/vnd.pypi.simple.v1+json"
 SECRET_BASE = "https://alice:hunter2@index.example.invalid/simple/vllm/"
@@ -150,15 +157,12 @@ def test_signing_and_failing_hooks_of_the_user_do_not_fail_the_series(
     for name in ("pre-commit", "commit-msg", "post-checkout", "reference-transaction"):
         (hooks / name).write_text("#!/bin/sh\nexit 1\n")
         (hooks / name).chmod(0o755)
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / ".gitconfig").write_text(
+    user_gitconfig(
+        tmp_path,
+        monkeypatch,
         f"[core]\n\thooksPath = {hooks}\n\tautocrlf = true\n"
-        "[commit]\n\tgpgSign = true\n[tag]\n\tgpgSign = true\n[gpg]\n\tprogram = false\n"
+        "[commit]\n\tgpgSign = true\n[tag]\n\tgpgSign = true\n[gpg]\n\tprogram = false\n",
     )
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
-    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
     result = CliRunner().invoke(main, ["apply", "--vllm", "1.0.0", "--into", str(tmp_path / "t")])
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
@@ -275,8 +279,17 @@ def test_an_unexpected_exception_is_one_line_exit_1_unless_debugging(
     assert result.exit_code == 1
     assert "moe-patch: internal error: KeyError: 'boom'; please report it" in result.stderr
     assert "Traceback" not in result.output
+    for off in ("0", "false", "off", ""):
+        monkeypatch.setenv("MOE_PATCH_DEBUG", off)
+        quiet = CliRunner().invoke(main, args)
+        assert quiet.exit_code == 1 and "Traceback" not in quiet.output, off
     monkeypatch.setenv("MOE_PATCH_DEBUG", "1")
-    assert isinstance(CliRunner().invoke(main, args).exception, KeyError)
+    debug = CliRunner().invoke(main, args)
+    assert debug.exit_code == 1
+    assert (
+        "Traceback (most recent call last)" in debug.stderr and "KeyError: 'boom'" in debug.stderr
+    )
+    assert debug.stderr.splitlines()[-1].startswith("moe-patch: internal error: KeyError")
 
 
 @pytest.mark.parametrize("damage", ["delete", "truncate", "flip"])

@@ -63,6 +63,10 @@ def test_round_trip_restores_every_byte(site):
 
     result, report = run_json("revert", "--installed", "--target", str(site))
     assert result.exit_code == 0 and report["state"] == "reverted"
+    assert [(p["id"], p["status"]) for p in report["patches"]] == [
+        ("jit", "reverted"),
+        ("extra", "reverted"),
+    ]
     assert tree_digest(site) == before
     result = run("revert", "--installed", "--target", str(site))
     assert result.exit_code == 0 and "nothing to revert" in result.stdout
@@ -263,3 +267,12 @@ def test_usage_errors(site, tmp_path):
     assert result.exit_code == 2 and "no vLLM is installed in" in result.stderr
     result = run("apply", "--installed", "--target", str(site), "--into", str(tmp_path / "x"))
     assert result.exit_code == 2
+
+
+def test_the_revert_report_lists_no_patch_as_applied(site):
+    assert run("apply", "--installed", "--target", str(site)).exit_code == 0
+    result = run("revert", "--installed", "--target", str(site))
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert ["jit", "reverted"] in rows and ["extra", "reverted"] in rows
+    assert "applied" not in result.stdout

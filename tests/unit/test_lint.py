@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from moe_patch import lint
+from moe_patch.errors import UsageError
 
 PINNED = """\
 repos:
@@ -121,9 +122,15 @@ def test_an_uninstallable_pin_falls_back_to_the_installed_ruff_and_says_why(
     assert [p.name for p in (cache_dir / "tools").iterdir()] == []  # nothing half-installed
 
 
-def test_moe_patch_ruff_picks_the_binary(monkeypatch, tree):
-    monkeypatch.setenv("MOE_PATCH_RUFF", "/opt/my-ruff")
-    assert lint.ruff_for(tree) == lint.Ruff("/opt/my-ruff", None, "MOE_PATCH_RUFF")
+def test_moe_patch_ruff_picks_the_binary(monkeypatch, tree, tmp_path):
+    mine = tmp_path / "my-ruff"
+    mine.write_text("#!/bin/sh\n")
+    mine.chmod(0o755)
+    monkeypatch.setenv("MOE_PATCH_RUFF", str(mine))
+    assert lint.ruff_for(tree) == lint.Ruff(str(mine), None, "MOE_PATCH_RUFF")
+    monkeypatch.setenv("MOE_PATCH_RUFF", "/nowhere/no-such-ruff")
+    with pytest.raises(UsageError, match="MOE_PATCH_RUFF='/nowhere/no-such-ruff' is not a program"):
+        lint.ruff_for(tree)
 
 
 def test_a_tree_without_a_pin_uses_the_installed_ruff(cache_dir, tmp_path):

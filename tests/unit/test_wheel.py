@@ -287,3 +287,18 @@ def test_listing_cached_before_wheels_were_listed_is_refreshed(fake_index):
     path.write_text(json.dumps(old))
     assert len(index.wheels(settings, "1.0.0")) == 1
     assert fake_index.requests.count("/simple/vllm/") == 2
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_the_wheel_is_written_with_the_umasks_mode(release, tmp_path, umask, mode):
+    """Like any file the user's tools write: others may read it under umask 022."""
+    import os
+    import stat
+
+    before = os.umask(umask)
+    try:
+        result, report = build(tmp_path / "dist")
+    finally:
+        os.umask(before)
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE(os.stat(report["path"]).st_mode) == mode

@@ -154,29 +154,36 @@ def _headers(path):
     return message, text[len(message) :]
 
 
-def test_export_writes_placeholder_patches_under_the_series_author(
+def _amend_extra(work):
+    """Touch the extra patch (its commit keeps the placeholder author)."""
+    (work / "vllm" / "extra.py").write_text("FEATURE = False\n")
+    git(work, "commit", "-q", "-a", "--amend", "--no-edit")
+
+
+def test_export_writes_touched_placeholder_patches_under_the_series_author(
     fake_index, series_root, tmp_path, monkeypatch
 ):
     work = checkout(fake_index, tmp_path)
+    _amend_extra(work)
     real = "Real Person <real.person@vllm.ai>"
     (work / "vllm" / "more.py").write_text("MORE = 1\n")
     git(work, "add", "vllm/more.py")
     git(work, "commit", "-q", "--author", real, "-m", f"more{TRAILERS}".replace(PATCH_AUTHOR, real))
-    diffs = {p.name: _headers(p)[1] for p in (series_root / "v1.0.0").glob("*.patch")}
+    jit = (series_root / "v1.0.0" / "jit.patch").read_bytes()
 
     result, report = export_json("--author", JANE, str(work))
     assert result.exit_code == 0, result.output
     assert changes(report) == {
-        "jit.patch": "updated",
+        "jit.patch": "unchanged",  # not touched: its bytes stay, placeholder and all
         "extra.patch": "updated",
         "more.patch": "added",
     }
-    for name in ("jit.patch", "extra.patch"):
-        message, diff = _headers(series_root / "v1.0.0" / name)
-        assert diff == diffs[name]  # the change itself is untouched
-        assert "From: Jane Dev <jane.dev@users.noreply.github.com>" in message
-        assert message.count("Signed-off-by:") == 1 and f"Signed-off-by: {JANE}" in message
-        assert "example.invalid" not in message
+    assert (series_root / "v1.0.0" / "jit.patch").read_bytes() == jit
+    message, diff = _headers(series_root / "v1.0.0" / "extra.patch")
+    assert "+FEATURE = False" in diff
+    assert "From: Jane Dev <jane.dev@users.noreply.github.com>" in message
+    assert message.count("Signed-off-by:") == 1 and f"Signed-off-by: {JANE}" in message
+    assert "example.invalid" not in message
     more, _ = _headers(series_root / "v1.0.0" / "more.patch")
     assert f"From: {real}" in more and f"Signed-off-by: {real}" in more and "Jane" not in more
     assert "placeholder" not in result.stderr
@@ -184,11 +191,12 @@ def test_export_writes_placeholder_patches_under_the_series_author(
     _, again = export_json("--author", JANE, str(work))
     assert set(changes(again).values()) == {"unchanged"} and not again["written"]
     assert run("export", "--check", "--author", JANE, str(work)).exit_code == 0
-    # Without one, the commits' placeholder identity is what they export to, and it says so.
+    # Without one, the touched commit's placeholder identity is what it exports to, and it
+    # says so (the untouched jit.patch is no news).
     monkeypatch.setenv("MOE_PATCH_AUTHOR", "")
     stale = run("export", "--check", str(work))
     assert stale.exit_code == 10
-    assert "2 patch(es) keep the placeholder identity Test Author <author@example.invalid>" in (
+    assert "1 patch(es) keep the placeholder identity Test Author <author@example.invalid>" in (
         stale.stderr
     )
 
@@ -198,14 +206,19 @@ def test_series_author_from_the_environment_or_git_config(
 ):
     work = checkout(fake_index, tmp_path)
     monkeypatch.setenv("MOE_PATCH_AUTHOR", JANE)
+    result, report = export_json("--check", str(work))
+    assert result.exit_code == 0 and set(changes(report).values()) == {"unchanged"}
+    _amend_extra(work)
     _, report = export_json("--check", str(work))
-    assert set(changes(report).values()) == {"updated"}
+    assert changes(report) == {"jit.patch": "unchanged", "extra.patch": "updated"}
     monkeypatch.delenv("MOE_PATCH_AUTHOR")
     git(work, "config", "user.name", "Git Configured")
     git(work, "config", "user.email", "git.configured@vllm.ai")
     run("export", str(work))
-    message, _ = _headers(series_root / "v1.0.0" / "jit.patch")
+    message, _ = _headers(series_root / "v1.0.0" / "extra.patch")
     assert "From: Git Configured <git.configured@vllm.ai>" in message
+    message, _ = _headers(series_root / "v1.0.0" / "jit.patch")
+    assert "Git Configured" not in message
     git(work, "config", "user.email", "someone@example.com")  # a placeholder is no default
     assert workflow.identity.series_identity(work) is None
 

@@ -6,26 +6,14 @@ import contextlib
 import hashlib
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import requests
 
-from . import cache, ui
+from . import cache, streaming, ui
 from .errors import IntegrityError, NetworkError
 from .index import Distribution
 from .pipconfig import IndexSettings
-
-DEFAULT_DEADLINE = 1800.0  # seconds for one download; MOE_PATCH_DOWNLOAD_DEADLINE overrides it
-
-
-def _check_size(dist: Distribution, size: int) -> None:
-    """The index lists the file's size: a server that sends more is not sending that file."""
-    if dist.size and size > dist.size:
-        raise IntegrityError(
-            f"the server sends more than the {dist.size} bytes the index lists for "
-            f"{dist.filename}; the download was stopped and discarded: report it if it persists"
-        )
 
 
 def fetch_sdist(dist: Distribution, settings: IndexSettings) -> Path:
@@ -33,6 +21,7 @@ def fetch_sdist(dist: Distribution, settings: IndexSettings) -> Path:
 
     The file is streamed to a ``.part-`` name and renamed only once its sha256
     matches the index's, so an interrupted or corrupt download is never trusted.
+    The deadline and the size the index lists hold while it streams.
     Call with the release's cache lock held.
     """
     if not dist.sha256:
@@ -40,7 +29,7 @@ def fetch_sdist(dist: Distribution, settings: IndexSettings) -> Path:
             f"the package index lists {dist.filename} without a sha256 hash; "
             "moe-patch only installs verified archives: use an index that publishes hashes"
         )
-    deadline = cache.seconds_from_env("MOE_PATCH_DOWNLOAD_DEADLINE", DEFAULT_DEADLINE)
+    allowed = streaming.deadline()
     directory = cache.subdir("sdist")
     final = directory / dist.filename
     if final.exists():
@@ -51,42 +40,12 @@ def fetch_sdist(dist: Distribution, settings: IndexSettings) -> Path:
     fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{dist.filename}.part-")
     tmp = Path(tmp_name)
     try:
-        digest = hashlib.sha256()
         with os.fdopen(fd, "wb") as out:
-            try:
-                response = requests.get(
-                    dist.url, stream=True, timeout=60, verify=settings.cert or True
-                )
-                if response.status_code != 200:
-                    raise NetworkError(
-                        f"download of {dist.filename} failed with HTTP "
-                        f"{response.status_code}; retry, or check --index-url"
-                    )
-                total = int(response.headers.get("Content-Length") or dist.size or 0)
-                _check_size(dist, total)
-                written, started = 0, time.monotonic()
-                with ui.progress(total or None, f"downloading {dist.filename}") as advance:
-                    for chunk in response.iter_content(None):  # as it arrives
-                        written += len(chunk)
-                        _check_size(dist, written)
-                        if time.monotonic() - started > deadline:
-                            raise NetworkError(
-                                f"download of {dist.filename} took longer than {deadline:g} s "
-                                "(MOE_PATCH_DOWNLOAD_DEADLINE); nothing partial was kept: run "
-                                "the command again, or allow more time"
-                            )
-                        out.write(chunk)
-                        digest.update(chunk)
-                        advance(len(chunk))
-            except requests.RequestException as exc:
-                raise NetworkError(
-                    f"download of {dist.filename} was interrupted ({type(exc).__name__}); "
-                    "run the command again to retry"
-                ) from None
-        if digest.hexdigest() != dist.sha256:
+            digest = _stream(dist, settings, allowed, out)
+        if digest != dist.sha256:
             raise IntegrityError(
                 f"{dist.filename} does not match the index's sha256 "
-                f"(expected {dist.sha256[:12]}…, got {digest.hexdigest()[:12]}…); "
+                f"(expected {dist.sha256[:12]}…, got {digest[:12]}…); "
                 "the download was discarded: retry, and report it if it persists"
             )
         os.replace(tmp, final)
@@ -94,3 +53,43 @@ def fetch_sdist(dist: Distribution, settings: IndexSettings) -> Path:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     return final
+
+
+def _stream(dist: Distribution, settings: IndexSettings, allowed: float, out) -> str:
+    """Write ``dist``'s body to ``out``; its sha256."""
+    digest = hashlib.sha256()
+    try:
+        response, ends = streaming.get(
+            dist.url, allowed, verify=settings.cert or True, auth=settings.auth_for(dist.url)
+        )
+        with response:
+            if response.status_code != 200:
+                raise NetworkError(
+                    f"download of {dist.filename} failed with HTTP "
+                    f"{response.status_code}; retry, or check --index-url"
+                )
+            total = int(response.headers.get("Content-Length") or dist.size or 0)
+            if dist.size and total > dist.size:
+                raise streaming.TooLarge
+            with ui.progress(total or None, f"downloading {dist.filename}") as advance:
+                for piece in streaming.pieces(response, ends, dist.size):
+                    out.write(piece)
+                    digest.update(piece)
+                    advance(len(piece))
+    except streaming.TooLarge:
+        raise IntegrityError(
+            f"the server sends more than the {dist.size} bytes the index lists for "
+            f"{dist.filename}; the download was stopped and discarded: report it if it persists"
+        ) from None
+    except streaming.TooSlow:
+        raise NetworkError(
+            f"download of {dist.filename} took longer than {allowed:g} s "
+            "(MOE_PATCH_DOWNLOAD_DEADLINE); nothing partial was kept: run the command again, "
+            "or allow more time"
+        ) from None
+    except requests.RequestException as exc:
+        raise NetworkError(
+            f"download of {dist.filename} was interrupted ({type(exc).__name__}); "
+            "run the command again to retry"
+        ) from None
+    return digest.hexdigest()

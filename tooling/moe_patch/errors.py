@@ -28,7 +28,7 @@ EXIT_MEANINGS = {
     EXIT_OK: "success",
     EXIT_INTERNAL: "internal error: a bug in moe-patch (please report it; MOE_PATCH_DEBUG=1 "
     "shows more)",
-    EXIT_USAGE: "bad input (unknown version, option, or source tree)",
+    EXIT_USAGE: "bad input (unknown version, option, source tree, missing program or git)",
     EXIT_PATCH_FAILED: "a patch failed to apply (the tree is left at the last good commit)",
     EXIT_NETWORK: "the package index or a download could not be reached",
     EXIT_INTEGRITY: "integrity error (hash mismatch, corrupt or hostile archive or patch)",
@@ -65,14 +65,19 @@ def command_epilog(examples: list[str], codes: set[int]) -> str:
 # A failed local read or write, in git's and pip's words and as errno values: exit 11, not the
 # error of the step that happened to be writing (an archive "not readable", a pip "network"
 # failure).
-LOCAL_IO_WORDS = re.compile(
-    r"No space left on device|Disk quota exceeded|Read-only file system|Permission denied"
-)
+DISK_FULL_WORDS = re.compile(r"No space left on device|Disk quota exceeded|Out of diskspace")
+LOCAL_IO_WORDS = re.compile(rf"{DISK_FULL_WORDS.pattern}|Read-only file system|Permission denied")
 LOCAL_IO_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 def is_local_io(exc: OSError) -> bool:
     return exc.errno in LOCAL_IO_ERRNOS
+
+
+GIT_MISSING = (
+    "git is not installed or not on PATH; install git (2.32 or newer) or put it on PATH, "
+    "then run the same command again"
+)
 
 
 class MoePatchError(Exception):

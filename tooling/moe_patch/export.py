@@ -2,7 +2,10 @@
 
 The form is fixed so that a re-export of unchanged commits reproduces the
 files byte for byte: a zero ``From`` hash, full blob ids (so ``git am -3`` can
-merge), no diffstat, no version signature, no ``[PATCH n/m]`` numbering.
+merge), no diffstat, no version signature, no ``[PATCH n/m]`` numbering, and none
+of the headers a git configuration can add (``format.headers``, ``format.to``,
+``format.cc`` are lists and ``format.attach`` has no "off" value: only these options
+clear them; :mod:`moe_patch.gitutil` pins the rest).
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ FORMAT_PATCH_ARGS = (
     "--no-signature",
     "--no-stat",
     "--no-numbered",
+    "--no-add-header",
+    "--no-to",
+    "--no-cc",
+    "--no-attach",
     "--keep-subject",
     "--encoding=UTF-8",
 )

@@ -14,8 +14,6 @@ import os
 import re
 from pathlib import Path
 
-import git
-
 from . import gitutil
 from .errors import UsageError
 
@@ -48,10 +46,9 @@ def series_identity(tree: Path, given: str | None = None) -> tuple[str, str] | N
             return None
         chosen = parse(value, "MOE_PATCH_AUTHOR")
     else:
-        try:
-            name = gitutil.run(tree, "config", "user.name")
-            email = gitutil.run(tree, "config", "user.email")
-        except git.GitCommandError:  # not configured
+        name = gitutil.user_setting(tree, "user.name")
+        email = gitutil.user_setting(tree, "user.email")
+        if not name or not email:  # not configured
             return None
         chosen = (name, email)
     if is_placeholder(chosen[1]):

@@ -24,15 +24,17 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
-from . import cache, ui
+from . import cache, streaming, ui
 from .errors import NetworkError
-from .pipconfig import IndexSettings, redact
+from .pipconfig import IndexSettings, redact, without_credentials
 
 PROJECT = "vllm"
 LISTING_TTL = 600  # seconds a cached listing counts as fresh
-TIMEOUT = 30  # seconds for one HTTP request to the index
-LISTING_LIMIT = 64 << 20  # bytes: PyPI's vllm listing is a few MB
-LISTING_DEADLINE = 120.0  # seconds for the whole listing, however slowly it trickles in
+TIMEOUT = 30  # seconds one wait for the index to answer may last
+LISTING_LIMIT = 64 << 20  # bytes: PyPI's vllm listing is a few MB; reading stops past it
+# seconds for the whole listing, however slowly it trickles in (MOE_PATCH_DOWNLOAD_DEADLINE,
+# the limit of every request, when that is shorter)
+LISTING_DEADLINE = 120.0
 _JSON_ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
 
 
@@ -117,7 +119,7 @@ def _parse(body: bytes, content_type: str, base_url: str, keep) -> list[Distribu
             size = entry.get("size")
             dist = keep(
                 str(entry.get("filename", "")),
-                urljoin(base_url, str(entry.get("url", ""))),
+                without_credentials(urljoin(base_url, str(entry.get("url", "")))),
                 sha256 if isinstance(sha256, str) else None,
                 size if isinstance(size, int) and not isinstance(size, bool) else None,
             )
@@ -135,7 +137,7 @@ def _parse(body: bytes, content_type: str, base_url: str, keep) -> list[Distribu
         for href, text, yanked in parser.links:
             if yanked:
                 continue
-            url, fragment = urldefrag(urljoin(base_url, href))
+            url, fragment = urldefrag(without_credentials(urljoin(base_url, href)))
             sha256 = fragment[len("sha256=") :] if fragment.startswith("sha256=") else None
             dist = keep(text or url.rsplit("/", 1)[-1], url, sha256)
             if dist:
@@ -151,20 +153,33 @@ def _listing_path(settings: IndexSettings) -> Path:
 def _fetch(settings: IndexSettings) -> tuple[list[Distribution], list[Distribution]]:
     """The sdists and the wheels the index lists for the project."""
     page = f"{settings.url}/{PROJECT}/"
+    allowed = min(LISTING_DEADLINE, streaming.deadline())
     try:
-        with requests.get(
-            page,
-            headers={"Accept": _JSON_ACCEPT},
-            timeout=TIMEOUT,
-            verify=settings.cert or True,
-            stream=True,
-        ) as response:
+        response, ends = streaming.get(
+            page, allowed, TIMEOUT, headers={"Accept": _JSON_ACCEPT}, verify=settings.cert or True
+        )
+        with response:
             if response.status_code != 200:
                 raise NetworkError(
                     f"the package index {settings.shown} answered HTTP {response.status_code} "
                     f"for {PROJECT}; check --index-url / PIP_INDEX_URL"
                 )
-            body = _bounded_body(response, settings)
+            declared = int(response.headers.get("Content-Length") or 0)
+            if declared > LISTING_LIMIT:
+                raise streaming.TooLarge
+            body = bytearray()
+            for piece in streaming.pieces(response, ends, LISTING_LIMIT, TIMEOUT):
+                body += piece
+    except streaming.TooLarge:
+        raise NetworkError(
+            f"the package index {settings.shown} sends a {PROJECT} listing larger than "
+            f"{LISTING_LIMIT >> 20} MiB; check --index-url / PIP_INDEX_URL"
+        ) from None
+    except streaming.TooSlow:
+        raise NetworkError(
+            f"the package index {settings.shown} took longer than {allowed:g} s to send the "
+            f"{PROJECT} listing; try again, or check --index-url"
+        ) from None
     except requests.RequestException as exc:
         raise NetworkError(
             f"cannot reach the package index {settings.shown} ({type(exc).__name__}); "
@@ -172,27 +187,6 @@ def _fetch(settings: IndexSettings) -> tuple[list[Distribution], list[Distributi
         ) from None
     args = (body, response.headers.get("Content-Type", ""), response.url or page)
     return parse_listing(*args), parse_wheel_listing(*args)
-
-
-def _bounded_body(response, settings: IndexSettings) -> bytes:
-    """The listing, read within LISTING_LIMIT bytes and LISTING_DEADLINE seconds."""
-    declared = int(response.headers.get("Content-Length") or 0)
-    body, started = bytearray(), time.monotonic()
-    for chunk in [] if declared > LISTING_LIMIT else response.iter_content(None):
-        body += chunk
-        if len(body) > LISTING_LIMIT:
-            break
-        if time.monotonic() - started > LISTING_DEADLINE:
-            raise NetworkError(
-                f"the package index {settings.shown} took longer than {LISTING_DEADLINE:g} s "
-                f"to send the {PROJECT} listing; try again, or check --index-url"
-            )
-    if declared > LISTING_LIMIT or len(body) > LISTING_LIMIT:
-        raise NetworkError(
-            f"the package index {settings.shown} sends a {PROJECT} listing larger than "
-            f"{LISTING_LIMIT >> 20} MiB; check --index-url / PIP_INDEX_URL"
-        )
-    return bytes(body)
 
 
 def distributions(settings: IndexSettings, refresh: bool = False) -> list[Distribution]:

@@ -652,6 +652,7 @@ def revert(target: Path | None = None) -> InstalledReport:
         _undo(install, state)
         _fill(report, state, install)
         report.state = "reverted"
+        report.patches = [{**patch, "status": "reverted"} for patch in state.patches]
         for item in report.files:
             item["now"] = "release"
     return report

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import cache, children, gitutil
+from .errors import UsageError
 from .pipconfig import index_settings
 
 PRE_COMMIT_CONFIG = ".pre-commit-config.yaml"
@@ -50,11 +51,24 @@ def pinned_version(tree: Path) -> str | None:
     return (match.group(1) or match.group(2)) if match else None
 
 
+def configured() -> Ruff | None:
+    """The ruff ``MOE_PATCH_RUFF`` picks, if it picks one; bad input if it names no program."""
+    value = os.environ.get("MOE_PATCH_RUFF")
+    if not value:
+        return None
+    if shutil.which(value) is None:
+        raise UsageError(
+            f"MOE_PATCH_RUFF={value!r} is not a program moe-patch can run; point it at a ruff "
+            "binary, or unset it to use the ruff the tree pins"
+        )
+    return Ruff(value, None, "MOE_PATCH_RUFF")
+
+
 def ruff_for(tree: Path, index_url: str | None = None) -> Ruff | None:
     """The ruff to check ``tree`` with; None when there is none at all."""
-    configured = os.environ.get("MOE_PATCH_RUFF")
-    if configured:
-        return Ruff(configured, None, "MOE_PATCH_RUFF")
+    chosen = configured()
+    if chosen:
+        return chosen
     installed = _installed()
     pinned = pinned_version(tree)
     if pinned is None:

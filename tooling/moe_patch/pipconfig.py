@@ -12,11 +12,12 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 
-def redact(url: str) -> str:
-    """``url`` as pip shows it: a password, or a user name alone (a token), becomes ``****``."""
+def _userinfo_replaced(url: str, userinfo) -> str:
+    """``url`` with its ``user:password@`` part replaced by ``userinfo(user, password)``
+    (nothing when that is empty); an unparsable URL loses everything up to its ``@``."""
     try:
         parts = urlsplit(url)
         user, password, host, port = parts.username, parts.password, parts.hostname, parts.port
@@ -24,9 +25,29 @@ def redact(url: str) -> str:
         return url.split("@", 1)[-1] if "@" in url else url
     if user is None and password is None:
         return url
-    shown_user = "****" if password is None else f"{user}:****"
-    netloc = f"{shown_user}@{host or ''}" + (f":{port}" if port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    shown = userinfo(user, password)
+    netloc = (f"{shown}@" if shown else "") + (f"[{host}]" if host and ":" in host else host or "")
+    return urlunsplit(parts._replace(netloc=netloc + (f":{port}" if port else "")))
+
+
+def redact(url: str) -> str:
+    """``url`` as pip shows it: a password, or a user name alone (a token), becomes ``****``."""
+    return _userinfo_replaced(
+        url, lambda user, password: "****" if password is None else f"{user}:****"
+    )
+
+
+def without_credentials(url: str) -> str:
+    """``url`` with no user name or password: what may be written to disk."""
+    return _userinfo_replaced(url, lambda user, password: "")
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None] | None:
+    try:
+        parts = urlsplit(url)
+        return parts.scheme, parts.hostname, parts.port
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -38,6 +59,17 @@ class IndexSettings:
     def shown(self) -> str:
         """The URL for messages, credentials masked."""
         return redact(self.url)
+
+    def auth_for(self, url: str) -> tuple[str, str] | None:
+        """The index URL's user name and password, for ``url`` on the same host (as pip gives
+        them): file URLs are kept without credentials, on disk and in the cache."""
+        try:
+            parts = urlsplit(self.url)
+        except ValueError:
+            return None
+        if parts.username is None or _origin(url) != _origin(self.url):
+            return None
+        return unquote(parts.username), unquote(parts.password or "")
 
 
 def _pip_config() -> dict[str, str]:

@@ -136,12 +136,7 @@ class PrReport:
 
 def git_identity(repo: Path) -> tuple[str, str]:
     """``user.name`` and ``user.email`` from the user's git configuration for ``repo``."""
-    values = []
-    for key in ("user.name", "user.email"):
-        try:
-            values.append(gitutil.run(repo, "config", "--get", key).strip())
-        except git.GitCommandError:
-            values.append("")
+    values = [gitutil.user_setting(repo, key) or "" for key in ("user.name", "user.email")]
     name, email = values
     if not name or not email:
         missing = " and ".join(

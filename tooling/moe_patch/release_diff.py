@@ -107,6 +107,7 @@ def build(
         diff = gitutil.run(
             work.path,
             "diff",
+            "--no-ext-diff",
             "--binary",
             "--full-index",
             "--no-renames",

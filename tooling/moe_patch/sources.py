@@ -223,6 +223,7 @@ def from_git_url(version: str, into: Path, url: str, mark: Marker | None = None)
                 "--single-branch",
                 _clone_url(url),
                 str(tmp),
+                transport=True,  # the user's credentials, proxies and url.*.insteadOf
             )
         except git.GitCommandError as exc:
             said = str(exc.stderr or "")
@@ -253,20 +254,20 @@ def from_local(
     check_vllm_tree(source)
     is_repo = (source / ".git").exists()
     if is_repo:
-        repo = gitutil.open_repo(source)
-        gitutil.require_clean(repo, "--source checkout")
+        gitutil.require_clean(gitutil.open_repo(source), "--source checkout")
+        head = gitutil.run(source, "rev-parse", "HEAD")
     if in_place:
         if not is_repo:
             raise UsageError(f"--in-place needs a git checkout, and {source} is not one")
-        return WorkTree(source, repo.head.commit.hexsha, created=False)
+        return WorkTree(source, head, created=False)
     if into is None:
         raise UsageError("--source needs --into DIR for the patched copy (or --in-place)")
 
     def build(tmp: Path) -> str:
         if is_repo:
             _clone_source(source, tmp)
-            gitutil.run(tmp, "checkout", "-q", "--detach", repo.head.commit.hexsha)
-            return repo.head.commit.hexsha
+            gitutil.run(tmp, "checkout", "-q", "--detach", head)
+            return head
         shutil.copytree(source, tmp, symlinks=True, dirs_exist_ok=True)
         return trees.commit_directory(tmp, tmp, version, "@315532800 +0000", bare=False)
 

@@ -55,7 +55,7 @@ from . import (
     sources,
     trees,
 )
-from .errors import MoePatchError
+from .errors import MoePatchError, UsageError
 from .pipconfig import index_settings
 from .report import APPLIED, FAIL, FAILED, PASS, SKIP, as_json
 from .settings import Settings
@@ -354,7 +354,7 @@ def _touches_patch(tree: Path, formatter_diff: str, name: str, base: str) -> boo
             wanted.update((line - 1, line))  # an insertion touches its neighbours
         elif text.startswith(" "):
             line += 1
-    ours = gitutil.run(tree, "diff", "-U0", base, "HEAD", "--", name)
+    ours = gitutil.run(tree, "diff", "--no-ext-diff", "-U0", base, "HEAD", "--", name)
     for match in _HUNK.finditer(ours):
         start, length = int(match.group(3)), int(match.group(4) or 1)
         if wanted.intersection(range(start, start + max(length, 1))):
@@ -503,6 +503,13 @@ def verify(
     """Verify the series on ``versions`` (default: every supported release)."""
     started = time.perf_counter()
     settings = settings or Settings.resolve()
+    gitutil.require_git()  # set-up problems are bad input before any work, not failed checks
+    lint.configured()
+    if kernels and kernels_python and shutil.which(kernels_python) is None:
+        raise UsageError(
+            f"--kernels-python {kernels_python!r} (or MOE_PATCH_KERNELS_PYTHON) is not a program "
+            "moe-patch can run; give the path of a Python that has torch and triton"
+        )
     root, index_url = settings.series_root, settings.index_url
     known = series.required_bases(root)
     if versions:

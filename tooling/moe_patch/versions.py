@@ -9,16 +9,21 @@ from packaging.version import InvalidVersion, Version
 
 from .errors import UsageError
 
+_LONGEST = 64  # characters: longer is no version (and would make a huge integer)
+
 
 def parse_spec(spec: str) -> Version:
     text = spec.strip()
     if text[:1] in ("v", "V"):
         text = text[1:]
     try:
+        if len(text) > _LONGEST:
+            raise InvalidVersion(text)
         version = Version(text)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a number Python will not convert
+        shown = spec if len(spec) <= _LONGEST else f"{spec[:20]}… ({len(spec)} characters)"
         raise UsageError(
-            f"{spec!r} is not a vLLM version; give one like 0.21 (newest 0.21.x) or 0.21.0"
+            f"{shown!r} is not a vLLM version; give one like 0.21 (newest 0.21.x) or 0.21.0"
         ) from None
     if version.local or version.epoch:
         raise UsageError(f"{spec!r} is not a vLLM release version; give one like 0.21.0")

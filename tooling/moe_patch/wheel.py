@@ -277,6 +277,13 @@ def _timestamp(infos: list[zipfile.ZipInfo]) -> tuple[int, int, int, int, int, i
     return max((i.date_time for i in infos), default=(1980, 1, 1, 0, 0, 0))
 
 
+def _new_file_mode() -> int:
+    """The mode ``open()`` gives a new file: 0666 less the umask (0644 under umask 022)."""
+    umask = os.umask(0o077)  # reading the umask means setting it; put it straight back
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def _zinfo(name: str, date_time, executable: bool) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(name, date_time=date_time)
     info.create_system = 3  # unix: external_attr carries the permissions
@@ -434,6 +441,7 @@ def build(
         final = out_dir / filename
         owners.sweep(out_dir, f".{filename}.part-")  # what a killed run left half-written
         fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=f".{filename}.part-{owners.tag()}-")
+        os.fchmod(fd, _new_file_mode())  # mkstemp's 0600 is for the unfinished file only
         os.close(fd)
         tmp = Path(tmp_name)
         rows: list[RecordEntry] = []

@@ -179,11 +179,17 @@ class ExportedPatch:
 
 
 def exported_series(
-    tree: Path, base_commit: str, head: str = "HEAD", series_author: tuple[str, str] | None = None
+    tree: Path,
+    base_commit: str,
+    head: str = "HEAD",
+    series_author: tuple[str, str] | None = None,
+    series_dir: Path | None = None,
 ) -> list[ExportedPatch]:
     """Every commit from ``base_commit`` to ``head`` in patch form, named, in order; with
     ``series_author``, commits by a placeholder identity are written under it instead (its
-    sign-off replacing theirs), see :mod:`moe_patch.identity`."""
+    sign-off replacing theirs), see :mod:`moe_patch.identity`, unless their file in
+    ``series_dir`` already holds exactly what they export to: a patch the user did not touch
+    keeps its bytes."""
     try:
         gitutil.run(tree, "merge-base", "--is-ancestor", base_commit, head)
     except git.GitCommandError:
@@ -217,19 +223,26 @@ def exported_series(
             raise StateError(f"commit {commit[:12]} ({name}) changes nothing; drop it")
         author_name, author_email, _ = author_of(tree, commit)
         placeholder = identity.is_placeholder(author_email)
-        author = series_author if placeholder and series_author else None
-        if author:
-            message = identity.restamp(message, author)
-        clean = (
-            recommit(tree, commit, message, author=author)
-            if author or message != original
-            else commit
+        data = export.format_commit(
+            tree, recommit(tree, commit, message) if message != original else commit
         )
-        data = export.format_commit(tree, clean)
+        untouched = series_dir is not None and _holds(series_dir / name, data)
+        author = series_author if placeholder and series_author and not untouched else None
+        if author:
+            restamped = identity.restamp(message, author)
+            data = export.format_commit(tree, recommit(tree, commit, restamped, author=author))
         patchfile.parse(data, Path(name))  # the series accepts it, or a one-line error
-        kept = f"{author_name} <{author_email}>" if placeholder and not author else None
+        kept = placeholder and not author and not untouched
+        kept = f"{author_name} <{author_email}>" if kept else None
         result.append(ExportedPatch(name, commit, data, kept))
     return result
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    try:
+        return path.read_bytes() == data
+    except OSError:
+        return False
 
 
 def slug(subject: str) -> str:
@@ -372,7 +385,10 @@ def export_tree(
         else Path(state.series_dir)
     )
     exported = exported_series(
-        tree, state.base_commit, series_author=identity.series_identity(tree, author)
+        tree,
+        state.base_commit,
+        series_author=identity.series_identity(tree, author),
+        series_dir=directory,
     )
     kept = sorted({item.placeholder for item in exported if item.placeholder})
     if kept:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 
 import click
 import git
@@ -21,6 +22,7 @@ from ..errors import (
     EXIT_LOCAL_IO,
     LOCAL_IO_WORDS,
     MoePatchError,
+    is_local_io,
 )
 from . import (
     apply,
@@ -44,7 +46,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 class _Group(click.Group):
     """The one error policy: every failure is one line on stderr and a documented exit code
     (a :class:`MoePatchError`'s own, 11 for a local read or write, 1 for a bug), never a
-    traceback."""
+    traceback (``MOE_PATCH_DEBUG=1`` adds one, and all git said, before that line)."""
 
     def list_commands(self, ctx):
         return list(self.commands)  # the order of COMMANDS below, not alphabetical
@@ -54,28 +56,27 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except MoePatchError as exc:
-            click.secho(f"moe-patch: error: {exc.message}", err=True, fg="red")
-            sys.exit(exc.exit_code)
+            _fail(exc.message, exc.exit_code)
         except OSError as exc:  # disk full, read-only or unwritable: one line, not a traceback
+            _details(exc)
             where = f" ({exc.filename})" if exc.filename else ""
-            click.secho(
-                f"moe-patch: error: {exc.strerror or exc}{where}; what this run wrote was "
-                "rolled back: free space or fix permissions, then run the same command again",
-                err=True,
-                fg="red",
+            fix = "free space or fix permissions" if is_local_io(exc) else "check that path"
+            _fail(
+                f"{exc.strerror or exc}{where}; what this run wrote was rolled back: {fix}, "
+                "then run the same command again",
+                EXIT_LOCAL_IO,
             )
-            sys.exit(EXIT_LOCAL_IO)
         except git.GitCommandError as exc:
-            click.secho(f"moe-patch: error: {_git_failure(exc)}", err=True, fg="red")
-            sys.exit(EXIT_LOCAL_IO if LOCAL_IO_WORDS.search(str(exc.stderr)) else EXIT_INTERNAL)
+            _details(exc)
+            local = LOCAL_IO_WORDS.search(str(exc.stderr))
+            _fail(_git_failure(exc), EXIT_LOCAL_IO if local else EXIT_INTERNAL)
         except KeyboardInterrupt:
             click.secho("moe-patch: interrupted; run the same command again to finish", err=True)
             sys.exit(130)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:  # a bug: one line, the traceback only on request
-            if os.environ.get("MOE_PATCH_DEBUG"):
-                raise
+            _details(exc)
             click.secho(
                 f"moe-patch: internal error: {type(exc).__name__}: {exc}; please report it with "
                 "the command you ran (MOE_PATCH_DEBUG=1 shows the traceback)",
@@ -85,16 +86,43 @@ class _Group(click.Group):
             sys.exit(EXIT_INTERNAL)
 
 
+def debugging() -> bool:
+    """``MOE_PATCH_DEBUG`` set to anything but empty, 0, false, no or off."""
+    return os.environ.get("MOE_PATCH_DEBUG", "").strip().lower() not in (
+        "",
+        "0",
+        "false",
+        "no",
+        "off",
+    )
+
+
+def _details(exc: BaseException) -> None:
+    """With MOE_PATCH_DEBUG on: the traceback, and all git said, before the one line."""
+    if debugging():
+        traceback.print_exception(exc, file=sys.stderr)
+        if isinstance(exc, git.GitCommandError):
+            print(exc, file=sys.stderr)
+
+
+def _fail(message: str, code: int) -> None:
+    click.secho(f"moe-patch: error: {message}", err=True, fg="red")
+    sys.exit(code)
+
+
 def _git_failure(exc: git.GitCommandError) -> str:
     """One line for a git command that failed: which command and git's last words."""
     last = gitutil.last_words(str(exc.stderr or "")) or f"exit {exc.status}"
-    verb = exc.command[1] if isinstance(exc.command, list) and len(exc.command) > 1 else "git"
+    verb = gitutil.verb(exc.command[1:] if isinstance(exc.command, list) else [])
     if LOCAL_IO_WORDS.search(str(exc.stderr)):
         return (
             f"git {verb} could not write ({last}); free space or fix permissions, "
             "then run the same command again"
         )
-    return f"git {verb} failed ({last}); please report it with the command you ran"
+    return (
+        f"git {verb} failed ({last}); please report it with the command you ran "
+        "(MOE_PATCH_DEBUG=1 shows all git said)"
+    )
 
 
 @click.group(cls=_Group, context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
