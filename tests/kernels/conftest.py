@@ -63,7 +63,7 @@ def release_trees(tmp_path_factory):
                 import moe_patch  # noqa: F401
             except ImportError:
                 pytest.skip("moe_patch is not installed: set MOE_KERNELS_TREES to tree paths")
-            from moe_kernels.trees import build_tree
+            from moe_patch.harness_trees import build_tree
 
             built[label] = build_tree(label, tmp_path_factory.mktemp("trees") / label)
         return built[label]

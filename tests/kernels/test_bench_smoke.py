@@ -21,19 +21,24 @@ from moe_kernels.report import main as render_report
 from moe_kernels.resultfile import markdown_path, read_report
 
 
-def test_bench_runs_and_checks_every_variant(release_trees, tmp_path):
+@pytest.mark.network
+@pytest.mark.release
+def test_bench_runs_and_checks_every_variant(tmp_path):
+    from moe_patch import __version__
+    from moe_patch.harness_trees import harness_trees
+
     out = tmp_path / "bench.json"
-    trees = {label: release_trees(label) for label in ("0.21.0", "0.21.0+moe")}
-    args = [f"--tree={label}={path}" for label, path in trees.items()]
+    labels = ("0.21.0", "0.21.0+moe")
+    harness_trees(list(labels), tmp_path / "trees")  # as for a GPU run, with trees.json
+    args = [f"--tree={label}={tmp_path / 'trees' / label}" for label in labels]
     code = bench.main(
         [*args, "--shape", "tiny-smoke-test", "--gemm", "down", "--quant", "block",
          "--M", "3", "--out", str(out)]
     )  # fmt: skip
     report = json.loads(out.read_text())
     assert code == 0
-    from moe_patch import __version__
-
-    assert report["series_version"] == __version__  # the series the numbers belong to
+    # The series the numbers belong to: what moe-patch wrote into trees.json for the trees
+    assert report["series_version"] == __version__
     assert " -m moe_kernels.bench --tree=" in report["command"]
     rows = report["rows"]
     assert [r["variant"] for r in rows] == ["0.21.0", "0.21.0+moe"]

@@ -1264,19 +1264,30 @@ def test_a_pair_on_a_cold_cache_is_expected_to_take_one_fill_and_one_warm_engine
     assert clock.allow(report, pair, [False, False], side_by_side=True)
 
 
-def test_bundle_builds_from_the_index_and_stages(fake_index, series_root, tmp_path, monkeypatch):
-    """``bundle.build`` through the real wheel command (the synthetic release on the fake
-    index); only the engine's extra packages are left out (pip cannot fetch them here)."""
+def test_bundle_builds_from_the_wheels_moe_patch_made_and_stages(
+    fake_index, series_root, tmp_path, monkeypatch
+):
+    """``moe_patch.harness_wheels`` through the real wheel command (the synthetic release on
+    the fake index), then ``bundle.build`` from its folder; only the engine's extra packages
+    are left out (pip cannot fetch them here)."""
+    from moe_patch.harness_wheels import harness_wheels
+    from moe_patch.settings import Settings
     from wheel_support import add_wheel
 
     fake_index.add("1.0.0")
     add_wheel(fake_index, "1.0.0")
+    made = harness_wheels(
+        "1.0", tmp_path / "wheels", None, Settings.resolve(index_url=fake_index.url)
+    )
     monkeypatch.setattr(bundle, "download_dependencies", lambda *args: [])
     out = tmp_path / "bundle"
-    summary = bundle.build("1.0", out, 1, "3.12", (), None, fake_index.url)
-    assert summary["vllm"] == "1.0.0" and summary["parts"]
+    summary = bundle.build(tmp_path / "wheels", out, 1, "3.12", ())
+    assert summary["vllm"] == made["vllm"] == "1.0.0" and summary["parts"]
     # The series is named by version and commit (this synthetic one lies outside git).
     assert (summary["series_version"], summary["series_commit"]) == (__version__, "unknown")
+    assert summary["patched_wheel_sha256"] == made["patched"]["sha256"]
+    assert summary["official_wheel_sha256"] == made["official"]["sha256"]
+    assert made["official"]["sha256"] == made["official"]["index_sha256"]  # as the index says
     assert summary["patched_wheel_sha256"] != summary["official_wheel_sha256"]
     monkeypatch.setattr(stage, "install_dependencies", lambda *args: None)
     staged = tmp_path / "staged"
@@ -1285,6 +1296,29 @@ def test_bundle_builds_from_the_index_and_stages(fake_index, series_root, tmp_pa
     official = (staged / "site-official" / kernel).read_text()
     patched = (staged / "site-patched" / kernel).read_text()
     assert official != patched and "fused_moe_kernel" in patched
+
+
+def test_bundle_refuses_wheels_it_was_not_given_as_made(wheels, tmp_path, capsys):
+    """No wheels.json, or a wheel that is not the one it describes: one line, no bundle."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        bundle.main(["--wheels", str(folder), "--out", str(tmp_path / "b")])
+    assert "has no readable wheels.json" in str(exit_.value.code)
+    assert "python -m moe_patch.harness_wheels" in str(exit_.value.code)
+    official, patched = wheels
+    for wheel in (official, patched):
+        shutil.copy2(wheel, folder / wheel.name)
+    described = {
+        "vllm": "0.21.0", "series_version": "0.2.0", "series_commit": "abc1234",
+        "official": {"file": official.name, "sha256": hashlib.sha256(official.read_bytes()).hexdigest()},
+        "patched": {"file": patched.name, "sha256": "0" * 64},
+    }  # fmt: skip
+    (folder / "wheels.json").write_text(json.dumps(described))
+    with pytest.raises(SystemExit) as exit_:
+        bundle.build(folder, tmp_path / "b", 1, "3.12", ())
+    assert f"{folder / patched.name} is missing or not the wheel" in str(exit_.value.code)
+    assert not (tmp_path / "b").exists()
 
 
 def test_a_prebuilt_flashinfer_module_lands_in_its_aot_folder(monkeypatch, wheels, tmp_path):
