@@ -14,7 +14,7 @@
   result file records, written so that it names no machine (:func:`command_line`).
 
 :mod:`moe_kernels.bench`, :mod:`moe_kernels.tune`, :mod:`moe_kernels.jit_sweep`,
-:mod:`moe_kernels.configs` and the studies in ``kernels/studies/`` use these.
+:mod:`moe_kernels.model_tune` and :mod:`moe_kernels.configs` use these.
 """
 
 from __future__ import annotations

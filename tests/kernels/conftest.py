@@ -9,7 +9,6 @@
 * Random data: every test draws from its own generator, seeded from the
   session seed (``MOE_KERNELS_SEED``, else random per run, shown in the header)
   and the test's id, so each run uses fresh data and a failure can be replayed.
-* The one-off studies of ``kernels/studies/`` (not installed) import as ``studies``.
 """
 
 from __future__ import annotations
@@ -30,10 +29,6 @@ try:  # the package is mapped by the project's pyproject; fall back to the sourc
     import moe_kernels  # noqa: F401
 except ImportError:
     sys.path.insert(0, str(KERNELS))
-# The one-off studies (kernels/studies, ``import studies``) are not installed: they are
-# imported from this checkout, after any installed moe_kernels.
-if str(KERNELS) not in sys.path:
-    sys.path.append(str(KERNELS))
 
 import pytest  # noqa: E402
 

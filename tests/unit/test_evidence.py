@@ -98,6 +98,7 @@ def test_a_studys_figure_is_recomputed_from_the_commit_that_holds_its_file():
     """The studies' files left the tree; their claims read them from history."""
     index = copy.deepcopy(INDEX)
     claim = next(c for c in index["claims"] if c["figure"] == "1.141×" and "commit" in c)
+    assert not (evidence.RESULTS / evidence.sources(claim)[0][0]).exists()
     assert evidence.problems(index, PAGES) == []
     claim["sources"] = [{**s, "args": {**s["args"], "old": "0.33.0"}} for s in claim["sources"]]
     assert evidence.problems(index, PAGES) == [
