@@ -363,32 +363,6 @@ def test_launches_split_by_the_trees_own_rule(release_trees, label, monkeypatch)
     assert loaded.split_k_rule(False, 4, 1, 56, device) == 1
 
 
-def test_an_older_series_split_rule_is_called_like_the_current_one():
-    """Trees patched by older commits of the series have ``split_k_for`` without
-    ``k_steps``; the harness wraps it so such a tree can be measured beside the current one."""
-    from moe_kernels.loader import LoadedKernel
-
-    seen = []
-
-    def split_k_for(use_fp8_w8a8, split_k, num_programs, device):
-        seen.append((use_fp8_w8a8, split_k, num_programs, device))
-        return split_k if num_programs < 132 else 1
-
-    older = SimpleNamespace(_launcher_rule=lambda name: split_k_for)
-    rule = LoadedKernel.split_k_rule.func(older)
-    assert rule(True, 4, 100, 56, "gpu0") == 4
-    assert rule(True, 4, 200, 56, "gpu0") == 1
-    assert seen == [(True, 4, 100, "gpu0"), (True, 4, 200, "gpu0")]
-
-    def current(use_fp8_w8a8, split_k, num_programs, k_steps, device):
-        return k_steps
-
-    assert (
-        LoadedKernel.split_k_rule.func(SimpleNamespace(_launcher_rule=lambda name: current))
-        is current
-    )
-
-
 # Stage bytes of 16- and 8-token tiles against 64- and 128-wide weight tiles, K tiles of
 # 128 and 256 (FP8: one byte per element), and grids around what an SM holds.
 STAGE_BYTES = ((16 + 64) * 128, (16 + 128) * 128, (8 + 64) * 256, (16 + 64) * 256)
