@@ -464,3 +464,17 @@ def test_stubs_stand_in_for_left_out_kernels_and_stop_loudly_when_called(tmp_pat
     )
     assert stopped.returncode != 0
     assert "has no _ZN12tensorrt_llm6RunnerIfE3runEv: rebuild with --kernels all" in stopped.stderr
+
+
+def test_wheels_for_a_release_the_index_lacks_is_one_line_and_no_folder(
+    fake_index, series_root, tmp_path, capsys
+):
+    from moe_patch import harness_wheels
+
+    fake_index.add("1.0.0")
+    out = tmp_path / "wheels"
+    args = ["--vllm", "7.7", "--out", str(out), "--index-url", fake_index.url]
+    assert harness_wheels.main(args) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("python -m moe_patch.harness_wheels: ") and "\n" not in error
+    assert "7.7" in error and not out.exists()
