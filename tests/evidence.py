@@ -14,14 +14,22 @@ data it was chosen on (``sample``: ``in-sample`` claims must say so where they a
   the page prints them;
 * a claim whose file is not in ``kernels/results/index.json`` (which names the series
   version and commit that measured it).
+
+A claim about exploration whose files have left the tree (``docs/studies.md``) names the
+commit that still holds them (``commit``): its files and the index are read from there with
+``git show``, so the check needs the repository's history (a shallow clone fails it, naming
+the commit).
 """
 
 from __future__ import annotations
 
+import functools
+import gzip
 import json
 import math
 import re
 import statistics
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -37,14 +45,45 @@ FIGURE = re.compile(
 )
 
 
-def read_result(path: Path):
-    if path.suffix == ".gz":
-        import gzip
+def parse_result(name: str, data: bytes):
+    """A result file's content: JSON (gzip-compressed where the name ends in ``.gz``), else
+    text."""
+    if name.endswith(".gz"):
+        return json.loads(gzip.decompress(data))
+    if name.endswith(".json"):
+        return json.loads(data)
+    return data.decode()
 
-        return json.loads(gzip.decompress(path.read_bytes()))
-    if path.suffix == ".json":
-        return json.loads(path.read_text())
-    return path.read_text()
+
+def read_result(path: Path):
+    return parse_result(path.name, path.read_bytes())
+
+
+@functools.cache
+def _at_commit(root: Path, commit: str, path: str) -> bytes:
+    try:
+        shown = subprocess.run(
+            ["git", "-C", str(root), "show", f"{commit}:{path}"], capture_output=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        raise OSError(
+            f"{path} is not in commit {commit} here (a shallow clone lacks the history: "
+            "git fetch --unshallow)"
+        ) from None
+    return shown.stdout
+
+
+def load(claim: dict, name: str, root: Path = ROOT):
+    """The result file ``name`` a claim cites: from the working tree, or as it was at the
+    claim's ``commit`` where its files have left the tree."""
+    if "commit" in claim:
+        return parse_result(name, _at_commit(root, claim["commit"], f"kernels/results/{name}"))
+    return read_result(root / "kernels" / "results" / name)
+
+
+def results_index(claim: dict, root: Path = ROOT) -> dict:
+    """``kernels/results/index.json`` where the claim's files are: now, or at its commit."""
+    return load(claim, "index.json", root)
 
 
 # --- how figures are recomputed -----------------------------------------------------------
@@ -175,6 +214,17 @@ def tune_speedup(report: dict, over: str, Ms: list[int]) -> list[float]:
     return [report["results"][str(M)][key] for M in Ms]
 
 
+def rows_field(report: dict, field: str, **where) -> list[float]:
+    """``field`` of every row of a result file whose keys have the values ``where`` names (a
+    value or a list of them), e.g. a study's µs per shape and M."""
+    allowed = {k: v if isinstance(v, list) else [v] for k, v in where.items()}
+    return [
+        row[field]
+        for row in report["rows"]
+        if all(row.get(key) in values for key, values in allowed.items())
+    ]
+
+
 def in_text(data, phrase: str) -> list[float]:
     """A figure a committed report states (a study's own Markdown, made from the raw file by
     the command it names; a note inside a result file): the phrase must be in it, and each
@@ -197,6 +247,7 @@ METHODS = {
     "bench_us": bench_us,
     "jit_sweep": jit_sweep,
     "tune_speedup": tune_speedup,
+    "rows_field": rows_field,
     "in_text": in_text,
 }
 
@@ -247,10 +298,19 @@ def sources(claim: dict) -> list[tuple[str, dict]]:
 
 
 def recompute(claim: dict, root: Path = ROOT) -> list[float]:
+    """The numbers a claim's method gives on its files: each source's values (reduced per
+    source first where the claim says ``per_source``, e.g. one geometric mean per GEMM),
+    then the claim's ``reduce`` over them all; with ``pooled``, the method once over the
+    rows of all its files (routings of one run written to a file each)."""
+    if claim.get("pooled"):  # one run spread over several files: their rows as one report
+        (first, args), *_ = sources(claim)
+        rows = [row for name, _ in sources(claim) for row in load(claim, name, root)["rows"]]
+        found = METHODS[claim["method"]]({**load(claim, first, root), "rows": rows}, **args)
+        return REDUCE[claim.get("reduce", "values")](found)
     values = []
     for name, args in sources(claim):
-        data = read_result(root / "kernels" / "results" / name)
-        values += METHODS[claim["method"]](data, **args)
+        found = METHODS[claim["method"]](load(claim, name, root), **args)
+        values += REDUCE[claim["per_source"]](found) if "per_source" in claim else found
     return REDUCE[claim.get("reduce", "values")](values)
 
 
@@ -292,7 +352,6 @@ def problems(index: dict | None = None, texts: dict[str, str] | None = None, roo
     """Every disagreement between the pages, ``docs/evidence.json`` and the result files."""
     index = index if index is not None else load_index()
     texts = texts if texts is not None else pages(index, root)
-    results_index = json.loads((root / "kernels" / "results" / "index.json").read_text())
     found = []
     phrases: dict[str, list[str]] = defaultdict(list)
     for claim in index["claims"]:
@@ -329,7 +388,12 @@ def problems(index: dict | None = None, texts: dict[str, str] | None = None, roo
         if claim["sample"] not in ("in-sample", "out-of-sample"):
             found.append(f"claim {figure!r}: sample is in-sample or out-of-sample")
         names = [name for name, _ in sources(claim)]
-        missing = [name for name in names if name not in results_index]
+        try:
+            indexed = results_index(claim, root)
+        except OSError as exc:
+            found.append(f"claim {figure!r}: {exc}")
+            continue
+        missing = [name for name in names if name not in indexed]
         if missing:
             found.append(f"claim {figure!r}: {missing[0]} is not in kernels/results/index.json")
             continue

@@ -3,8 +3,10 @@
 Three steps, each a module with its own command (docs/benchmarks.md, "End to end"):
 
 * ``python -m moe_e2e.bundle``: on any machine with the package index, collects what a GPU
-  machine without network needs: the official vLLM wheel, the wheel ``moe-patch wheel`` builds,
-  the Python packages vLLM imports that the GPU image lacks, and the model configurations.
+  machine without network needs: the official vLLM wheel and the wheel ``moe-patch wheel``
+  builds (both made by ``python -m moe_patch.harness_wheels``: this package never imports
+  moe-patch), the Python packages vLLM imports that the GPU image lacks, and the model
+  configurations.
 * ``python -m moe_e2e.stage``: on the GPU machine, checks every byte of the bundle against its
   manifest and installs both vLLMs side by side (``pip install --target`` layouts).
 * ``python -m moe_e2e.run``: starts each variant (wheel x model x FP8 kind x backend) in a fresh

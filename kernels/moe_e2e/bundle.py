@@ -1,14 +1,17 @@
 """Collect what the end-to-end benchmark needs on a GPU machine that has no network.
 
-    python -m moe_e2e.bundle --vllm 0.21 --out .e2e/bundle [--part-mib 45]
+    python -m moe_patch.harness_wheels --vllm 0.21 --out .e2e/wheels
+    python -m moe_e2e.bundle --wheels .e2e/wheels --out .e2e/bundle [--part-mib 45]
 
-Writes ``payload.tar`` split into parts of at most ``--part-mib`` MiB (``part-01`` ...) and
-``bundle.json`` (each part's and the whole payload's sha256), so the bundle can travel in
-pieces.  The payload holds:
+The first command (moe-patch's) puts the official wheel of the release and the wheel
+``moe-patch wheel`` builds from it into ``.e2e/wheels``, described in ``wheels.json`` (the
+release, the series version and commit, each wheel's sha256); this module takes that folder
+as it is and imports nothing of moe-patch.  It writes ``payload.tar`` split into parts of at
+most ``--part-mib`` MiB (``part-01`` ...) and ``bundle.json`` (each part's and the whole
+payload's sha256), so the bundle can travel in pieces.  The payload holds:
 
-* the official vLLM wheel of the release (moe-patch's own download, checked against the index's
-  sha256) as byte segments: every byte except the members named by ``--drop`` (by default the
-  FlashAttention-2 extension, 81 MB that Hopper never loads: vLLM uses FlashAttention 3 there),
+* the official vLLM wheel of the release as byte segments: every byte except the members
+  named by ``--drop`` (by default the FlashAttention-2 extension, 81 MB that Hopper never loads: vLLM uses FlashAttention 3 there),
   the API server's Swagger page script and the extension modules built for other Pythons than
   the GPU machine's (DeepGEMM ships one per CPython version);
   ``moe_e2e.stage`` re-creates the wheel with the dropped spans zeroed and installs every other
@@ -99,6 +102,7 @@ UNUSED_ASSETS = ("vllm/entrypoints/serve/instrumentator/static/swagger-ui-bundle
 # ...and extension modules for a CPython other than the GPU machine's (``.cpython-312-``).
 VERSIONED_EXTENSION = re.compile(r"\.cpython-(\d+)-[^/]*\.so$")
 BENCH_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "tiny-qwen3-moe")
+WHEELS_MANIFEST = "wheels.json"  # what moe_patch.harness_wheels writes beside the wheels
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -106,7 +110,6 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: Path) -> str:
-    # Not moe_patch.cache's: stage imports this module on the GPU machine, which has no moe-patch.
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -276,62 +279,64 @@ def split(path: Path, out: Path, part_bytes: int) -> list[dict]:
     return parts
 
 
+def read_wheels(folder: Path) -> dict:
+    """``wheels.json`` of ``folder`` (``python -m moe_patch.harness_wheels``), each wheel
+    checked against the sha256 it records; SystemExit naming what is missing or changed."""
+    try:
+        described = json.loads((folder / WHEELS_MANIFEST).read_text())
+    except (OSError, ValueError):
+        raise SystemExit(
+            f"{folder} has no readable {WHEELS_MANIFEST}; make it with "
+            f"python -m moe_patch.harness_wheels --vllm VERSION --out {folder}"
+        ) from None
+    for role in ("official", "patched"):
+        wheel = folder / described[role]["file"]
+        if not wheel.is_file() or sha256_file(wheel) != described[role]["sha256"]:
+            raise SystemExit(
+                f"{wheel} is missing or not the wheel {WHEELS_MANIFEST} "
+                "describes; make the folder again"
+            )
+    return described
+
+
 def build(
-    vllm: str,
+    wheels: Path,
     out: Path,
     part_mib: int,
     python_version: str,
     drop,
-    platform: str,
-    index_url: str | None = None,
     with_flashinfer: bool = False,
     flashinfer_aot: tuple[Path, ...] = (),
 ) -> dict:
-    """Write the bundle's parts to ``out``.  ``flashinfer_aot``: FlashInfer JIT modules built
-    ahead of time (``moe_e2e.flashinfer_aot``), carried with FlashInfer into its AOT folder."""
+    """Write the bundle's parts to ``out`` from the two wheels in ``wheels``
+    (:func:`read_wheels`).  ``flashinfer_aot``: FlashInfer JIT modules built ahead of time
+    (``moe_e2e.flashinfer_aot``), carried with FlashInfer into its AOT folder."""
     with_flashinfer = with_flashinfer or bool(flashinfer_aot)
-    from moe_patch import releases
-    from moe_patch import wheel as wheels
-    from moe_patch.commands.wheel import wheel as build_patched
-    from moe_patch.settings import Settings
-
+    described = read_wheels(wheels)
+    official = wheels / described["official"]["file"]
+    patched = wheels / described["patched"]["file"]
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("part-*"):
         stale.unlink()
     with tempfile.TemporaryDirectory(prefix="moe-e2e-") as scratch:
         scratch = Path(scratch)
-        settings = Settings.resolve(index_url=index_url)
-        series_version = releases.series_version(settings.series_root)
-        series_commit = releases.series_commit(settings.series_root)
-        result = build_patched(vllm, scratch / "dist", platform=platform, settings=settings)
-        official, dist = wheels.official_wheel(result.vllm, platform, index_url)
         drop = (*drop, *unused_members(official, python_version))
         segments, dropped = kept_segments(official, drop)
-        overlay, changed = patched_overlay(official, Path(result.path))
+        overlay, changed = patched_overlay(official, patched)
         requirements = list(ENGINE_DEPENDENCIES)
         if with_flashinfer:
             requirements.append(pinned_requirement(official, "flashinfer-python"))
         deps = download_dependencies(scratch / "deps", python_version, requirements)
         manifest = {
-            "vllm": result.vllm,
-            "series_version": series_version,
-            "series_commit": series_commit,
+            "vllm": described["vllm"],
+            "series_version": described["series_version"],
+            "series_commit": described["series_commit"],
             "official_wheel": {
-                "file": official.name,
-                "sha256": sha256_file(official),
-                "index_sha256": dist.sha256,
-                "size": official.stat().st_size,
+                **described["official"],
                 "segments": segments,
                 "dropped": dropped,
             },
-            "patched_wheel": {
-                "file": Path(result.path).name,
-                "sha256": result.sha256,
-                "size": result.size,
-                "version": result.version,
-                "patches": result.patches,
-                "overlay_members": changed,
-            },
+            "patched_wheel": {**described["patched"], "overlay_members": changed},
             "dependencies": {w.name: sha256_file(w) for w in deps},
             "flashinfer_aot": {library.name: sha256_file(library) for library in flashinfer_aot},
             "flashinfer_aot_builds": {
@@ -345,14 +350,14 @@ def build(
         write_payload(payload, official, segments, overlay, deps, manifest, flashinfer_aot)
         parts = split(payload, out, part_mib << 20)
         summary = {
-            "vllm": result.vllm,
-            "series_version": series_version,
-            "series_commit": series_commit,
+            "vllm": described["vllm"],
+            "series_version": described["series_version"],
+            "series_commit": described["series_commit"],
             "payload_sha256": sha256_file(payload),
             "payload_size": payload.stat().st_size,
             "parts": parts,
-            "official_wheel_sha256": manifest["official_wheel"]["sha256"],
-            "patched_wheel_sha256": result.sha256,
+            "official_wheel_sha256": described["official"]["sha256"],
+            "patched_wheel_sha256": described["patched"]["sha256"],
         }
     (out / "bundle.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -362,24 +367,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m moe_e2e.bundle", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--vllm", default="0.21", help="release (default: 0.21)")
+    parser.add_argument(
+        "--wheels",
+        type=Path,
+        default=Path(".e2e/wheels"),
+        help="the folder python -m moe_patch.harness_wheels made (default: .e2e/wheels)",
+    )
     parser.add_argument("--out", type=Path, default=Path(".e2e/bundle"))
     parser.add_argument(
         "--part-mib", type=int, default=45, help="largest part (MiB; default fits a 64 MiB call)"
     )
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python")
     parser.add_argument(
-        "--platform",
-        default="manylinux_2_24_x86_64",
-        help="the official wheel's platform tag (the GPU machine's)",
-    )
-    parser.add_argument(
         "--drop",
         action="append",
         default=None,
         help=f"wheel member left out (default: {', '.join(DEFAULT_DROP)})",
     )
-    parser.add_argument("--index-url", default=None, help="package index (default: pip's)")
     parser.add_argument(
         "--with-flashinfer",
         action="store_true",
@@ -403,13 +407,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"--flashinfer-aot {library}: no such file (python -m moe_e2e.flashinfer_aot)"
             )
     summary = build(
-        args.vllm,
+        args.wheels,
         args.out,
         args.part_mib,
         args.python_version,
         args.drop if args.drop is not None else DEFAULT_DROP,
-        args.platform,
-        args.index_url,
         args.with_flashinfer,
         tuple(args.flashinfer_aot),
     )

@@ -1,13 +1,15 @@
 """Build FlashInfer's SM90 CUTLASS fused-MoE module on a machine without a GPU.
 
-    python -m moe_e2e.flashinfer_aot --vllm 0.21 --out .e2e/flashinfer [--jobs 2] [--kernels all]
+    python -m moe_e2e.flashinfer_aot --wheels .e2e/wheels --out .e2e/flashinfer [--jobs 2] [--kernels all]
 
 With FlashInfer installed, vLLM 0.21.0 sends per-tensor FP8 MoE with static activation scales
 on Hopper to FlashInfer's CUTLASS MoE GEMMs, which FlashInfer compiles with nvcc on first use:
 181 translation units (up to 7 minutes and 6 GB each on one core), more than a GPU session can
-spend.  This builds the same module ahead of time, at the FlashInfer version the release
-pins, with FlashInfer's own build description (its ``gen_cutlass_fused_moe_sm90_module``
-writes the ninja file) and this machine's nvcc, which must be the GPU machine's major version.
+spend.  This builds the same module ahead of time, at the FlashInfer version the release's
+official wheel pins (the wheel in ``--wheels``, the folder ``python -m
+moe_patch.harness_wheels`` makes), with FlashInfer's own build description (its
+``gen_cutlass_fused_moe_sm90_module`` writes the ninja file) and this machine's nvcc, which
+must be the GPU machine's major version.
 ``moe_e2e.bundle --flashinfer-aot OUT/fused_moe_90.so`` carries the library into FlashInfer's
 ahead-of-time folder on the GPU machine, where FlashInfer loads it instead of compiling.
 
@@ -269,23 +271,20 @@ def build_fp8_only(ninja: Path, build_dir: Path, jobs: int, env: dict) -> tuple[
 
 
 def build(
-    vllm: str,
+    wheels: Path,
     out: Path,
     work: Path | None,
     jobs: int,
-    index_url: str | None,
     kernels: str = "fp8",
 ) -> dict:
-    from moe_patch import wheel as wheels
-    from moe_patch.trees import resolve_version
-
-    from .bundle import ENGINE_DEPENDENCIES, pinned_requirement, sha256_file
+    from .bundle import ENGINE_DEPENDENCIES, pinned_requirement, read_wheels, sha256_file
 
     cuda_home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
     nvcc = nvcc_version(cuda_home)
     if not nvcc.startswith("13."):
         raise BuildError(f"nvcc {nvcc}: the GPU machine's torch is built for CUDA 13; use nvcc 13")
-    official, _ = wheels.official_wheel(resolve_version(vllm, index_url), None, index_url)
+    described = read_wheels(wheels)
+    vllm, official = described["vllm"], wheels / described["official"]["file"]
     flashinfer = pinned_requirement(official, "flashinfer-python").split("==")[1]
     tvm_ffi = next(r for r in ENGINE_DEPENDENCIES if r.startswith("apache-tvm-ffi=="))
     work = work or default_work(flashinfer)
@@ -324,11 +323,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m moe_e2e.flashinfer_aot", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--vllm", default="0.21", help="release whose FlashInfer pin to build")
+    parser.add_argument(
+        "--wheels",
+        type=Path,
+        default=Path(".e2e/wheels"),
+        help="the folder python -m moe_patch.harness_wheels made: the release whose "
+        "FlashInfer pin to build (default: .e2e/wheels)",
+    )
     parser.add_argument("--out", type=Path, default=Path(".e2e/flashinfer"))
     parser.add_argument("--work", type=Path, default=None, help="build folder (resumable)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--index-url", default=None, help="package index (default: pip's)")
     parser.add_argument(
         "--kernels",
         choices=KERNEL_SETS,
@@ -337,11 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         "a sixth of the build); all: FlashInfer's whole module",
     )
     args = parser.parse_args(argv)
-    from moe_patch.errors import MoePatchError
-
     try:
-        summary = build(args.vllm, args.out, args.work, args.jobs, args.index_url, args.kernels)
-    except (BuildError, MoePatchError) as error:  # moe-patch's: the release or its wheel
+        summary = build(args.wheels, args.out, args.work, args.jobs, args.kernels)
+    except BuildError as error:
         print(f"moe_e2e.flashinfer_aot: {error}", file=sys.stderr)
         return 1
     print(

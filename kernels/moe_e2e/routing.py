@@ -5,7 +5,7 @@ a batch reads far fewer expert weights than a trained model's would.  vLLM's rou
 (``VLLM_MOE_ROUTING_SIMULATION_STRATEGY``) spreads the batch, but its ``uniform_random`` draws a
 token's k experts independently, so a token can get one expert twice, which no trained
 router does; with it, vLLM 0.21.0's FlashInfer CUTLASS MoE stopped on an illegal memory access
-on the H200 (kernels/results/e2e/README.md).  This module adds a strategy to that simulator
+on the H200 (docs/studies.md, the end-to-end runs).  This module adds a strategy to that simulator
 whose experts are a uniformly random k-subset per token: the k highest of fresh uniform
 scores.
 

@@ -31,7 +31,7 @@ named by the tree's own ``get_config_file_name``):
   (:func:`moe_kernels.lookup.own_beyond_the_search`), so the file changes nothing
   where nothing was measured; between searched token counts the nearest searched
   entry serves (eager-mode sizes: CUDA graphs pad to searched ones).  In the H200 run
-  of ``results/launch-rules/`` (M = 3, 5, 7, 10, 14, two routings), such neighbours
+  of the launch rules (docs/studies.md; M = 3, 5, 7, 10, 14, two routings), such neighbours
   gave the tuned shapes 1.093x over 0.21.0 and 1.031x over 0.33.0 per GEMM, where
   the rule without a table gave the untuned shapes 1.056x and 1.003x.
 

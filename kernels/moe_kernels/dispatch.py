@@ -12,7 +12,6 @@ mode, no user config folder, CUDA on Hopper, this process's GPU name).
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import os
 from pathlib import Path
@@ -23,13 +22,8 @@ from .loader import CPU_SM_COUNT, FUSED_MOE_REL, lifted_functions, tree_constant
 
 _SELECTION_FUNCTIONS = ("get_config_file_name", "get_moe_configs", "get_default_config")
 # Lifted where the tree has them, with the functions they call: the series' changes to
-# a default config (the SPLIT_K offer; the narrow weight tile of block-scaled FP8, and
-# default_config_block_n, its form in older commits of the series).
-_OPTIONAL_FUNCTIONS = (
-    "default_config_split_k",
-    "default_config_decode_tile",
-    "default_config_block_n",
-)
+# a default config (the SPLIT_K offer; the narrow weight tile of block-scaled FP8).
+_OPTIONAL_FUNCTIONS = ("default_config_split_k", "default_config_decode_tile")
 
 
 class _QuietLogger:
@@ -126,12 +120,5 @@ def config_for(
     if "default_config_split_k" in ns:  # as the tree's try_get_optimal_moe_config does
         config["SPLIT_K"] = max(config.get("SPLIT_K", 1), ns["default_config_split_k"](dtype))
     if "default_config_decode_tile" in ns:
-        decode_tile = ns["default_config_decode_tile"]
-        args = [config, dtype, block_shape, M]
-        if len(inspect.signature(decode_tile).parameters) > len(args):
-            # Older commits of the series decided the layer's tile here, from its shapes.
-            args += [topk, (E, 2 * intermediate, hidden), (E, hidden, intermediate)]
-        config = decode_tile(*args)
-    elif "default_config_block_n" in ns:
-        config["BLOCK_SIZE_N"] = ns["default_config_block_n"](config, dtype, block_shape)
+        config = ns["default_config_decode_tile"](config, dtype, block_shape, M)
     return config, "default"

@@ -160,16 +160,8 @@ class LoadedKernel:
         """The tree launcher's own ``split_k_for(use_fp8_w8a8, split_k, num_programs,
         k_steps, device)``, lifted out of its source with the module's constants and run
         against the GPU's real SM count, so launches here split exactly where the tree's
-        would (None: the tree has none).  Trees patched by older commits of the series
-        decided without the K loop's length (``split_k_for(use_fp8_w8a8, split_k,
-        num_programs, device)``); their rule is wrapped to the same call, so an older
-        series can be measured beside the current one."""
-        rule = self._launcher_rule("split_k_for")
-        if rule is None or "k_steps" in inspect.signature(rule).parameters:
-            return rule
-        return lambda use_fp8, split_k, programs, k_steps, device: rule(
-            use_fp8, split_k, programs, device
-        )
+        would (None: the tree has none)."""
+        return self._launcher_rule("split_k_for")
 
     @functools.cached_property
     def fill_split_rule(self) -> Any:

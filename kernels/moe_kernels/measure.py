@@ -14,14 +14,13 @@
   result file records, written so that it names no machine (:func:`command_line`).
 
 :mod:`moe_kernels.bench`, :mod:`moe_kernels.tune`, :mod:`moe_kernels.jit_sweep`,
-:mod:`moe_kernels.configs` and the studies in ``kernels/studies/`` use these.
+:mod:`moe_kernels.model_tune` and :mod:`moe_kernels.configs` use these.
 """
 
 from __future__ import annotations
 
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -503,30 +502,39 @@ def write_report(path: Path, report: dict) -> None:
 
 
 def record_header(module: str, argv: list[str] | None, trees: list[str] = ()) -> dict:
-    """What every result file starts with: the command that made it, the moe-patch version
-    (the series) and the commit of the checkout that ran it, the machine, and, for the
-    ``LABEL=PATH`` trees it measured, each one's fingerprint and what ``moe_kernels.trees``
-    recorded of it (the series version and commit it was made from;
+    """What every result file starts with: the command that made it, the series of the trees
+    it measured and the commit of the checkout that ran it, the machine, and, for the
+    ``LABEL=PATH`` trees it measured, each one's fingerprint and what ``trees.json`` beside
+    it records (the series version and commit it was made from;
     :func:`moe_kernels.trees.described`)."""
+    found = described(trees) if trees else {}
     header = {
         "command": command_line(module, argv),
-        "series_version": series_version(),
+        "series_version": series_of(found),
         "series_commit": checkout_commit(),
         "environment": environment(),
     }
     if trees:
         header["fingerprints"] = fingerprints_of(trees)
-        header["trees"] = described(trees)
+        header["trees"] = found
     return header
 
 
+def series_of(trees: dict[str, dict | None]) -> str | None:
+    """The version of the series the trees were made from, as their ``trees.json`` records
+    it (several, comma-separated, where a run compares series); None where none records
+    one: the harness takes the series from its trees, never from moe-patch."""
+    versions = {(facts or {}).get("series_version") for facts in trees.values()} - {None}
+    return ", ".join(sorted(versions)) or None
+
+
 def checkout_commit() -> str | None:
-    """The commit of the moe-patch checkout this harness runs from (``+`` when it has
-    uncommitted changes); None where there is no git checkout (a device's copy of the
+    """The commit of the git checkout this harness runs from (``+`` when it has uncommitted
+    changes); None where there is none (an installed harness, or a device's copy of the
     working tree: there ``trees`` names the commit each tree was made from)."""
     root = Path(__file__).resolve().parents[2]
-    if not (root / "tooling" / "moe_patch" / "__init__.py").is_file():
-        return None  # an installed harness: no checkout of its own
+    if not (root / ".git").exists():
+        return None
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
 
     def git(*args: str) -> str | None:
@@ -542,17 +550,6 @@ def checkout_commit() -> str | None:
     if not head:
         return None
     return head + ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
-def series_version() -> str | None:
-    """moe-patch's version: installed, else read from the checkout this harness sits in."""
-    try:
-        from moe_patch import __version__
-    except ImportError:
-        init = Path(__file__).resolve().parents[2] / "tooling" / "moe_patch" / "__init__.py"
-        found = re.search(r'__version__ = "([^"]+)"', init.read_text()) if init.is_file() else None
-        return found.group(1) if found else None
-    return __version__
 
 
 def environment() -> dict:

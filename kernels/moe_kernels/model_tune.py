@@ -48,7 +48,6 @@ from .measure import (
     checkout_commit,
     environment,
     make_weights,
-    series_version,
     write_atomically,
 )
 from .measure import dispatch_config as launch_config
@@ -218,6 +217,7 @@ def tune_model(
     on_result: Callable[[dict], None] | None = None,
     on_discard: Callable[[list[str]], None] | None = None,
     release: Path | None = None,
+    series_version: str | None = None,
 ) -> dict:
     """Tune ``shape`` at every M of ``Ms`` on ``tree``'s kernel; write the config file and
     the report into ``out`` after each M and return the report.  With ``release`` (the
@@ -227,7 +227,9 @@ def tune_model(
     batch hits vary much, two elsewhere); the report
     gives the gain over it.  ``on_result`` is called with each M's row, tuned now or
     kept from an earlier run; ``on_discard`` with the inputs that differ when ``out`` holds an earlier run with other inputs (a tree whose
-    fused-MoE folder changed, another seed ...), whose results are then timed again."""
+    fused-MoE folder changed, another seed ...), whose results are then timed again.
+    ``series_version``: the version of the series ``tree`` carries, as its caller knows it
+    (``moe-patch tune`` passes its own), recorded among the inputs."""
     Ms = sorted(set(Ms))
     out.mkdir(parents=True, exist_ok=True)
     name = config_file_name(tree, shape, quant)
@@ -239,7 +241,7 @@ def tune_model(
         "routings": routings,
         "seed": seed,
         "device": device_name(),
-        "series_version": series_version(),
+        "series_version": series_version,
         **({"release_fingerprint": fingerprint(Path(release))} if release is not None else {}),
     }
     rows, differ = earlier_results(out, inputs)

@@ -1,6 +1,6 @@
 """Markdown tables and PNG plots from the JSON that bench / jit_sweep write.
 
-    python -m moe_kernels.report kernels/results/baseline/h200-baseline-bench.json.gz
+    python -m moe_kernels.report kernels/results/split-k/h200-split-k-0.33-bench.json.gz
     python -m moe_kernels.report kernels/results/provenance/h200-jit-sweep.json
 
 writes ``<name>.md`` (and ``<name>.png`` when matplotlib is installed) beside

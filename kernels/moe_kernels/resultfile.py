@@ -3,7 +3,8 @@ ends in ``.gz``.
 
 A run of tens of thousands of rows (issue 18's evidence run) stays in the repository between
 device sessions and travels to the device with the working tree; compressed it is a sixth of
-its size.  No torch here: the report and the studies read result files on any machine.
+its size.  No torch here: the report and the claims' check (``tests/evidence.py``) read
+result files on any machine.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .measure import command_line, series_version, write_report
+from .measure import command_line, write_report
 from .resultfile import read_report
 
 KERNELS_DIR = Path(__file__).resolve().parents[1]
@@ -131,7 +131,6 @@ def merge(job: Job, argv: list[str] | None) -> dict | None:
     report = {  # not measure.record_header: this process leaves the GPUs to the parts
         **parts[0],
         "command": command_line(job.module, argv),
-        "series_version": series_version(),
         "method": {**parts[0]["method"], "gpus": sorted(per_gpu)},
         # Each row's floor is over its own GPU's bandwidth; the header gives their median.
         "bandwidth": {

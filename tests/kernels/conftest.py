@@ -9,7 +9,6 @@
 * Random data: every test draws from its own generator, seeded from the
   session seed (``MOE_KERNELS_SEED``, else random per run, shown in the header)
   and the test's id, so each run uses fresh data and a failure can be replayed.
-* The one-off studies of ``kernels/studies/`` (not installed) import as ``studies``.
 """
 
 from __future__ import annotations
@@ -30,10 +29,6 @@ try:  # the package is mapped by the project's pyproject; fall back to the sourc
     import moe_kernels  # noqa: F401
 except ImportError:
     sys.path.insert(0, str(KERNELS))
-# The one-off studies (kernels/studies, ``import studies``) are not installed: they are
-# imported from this checkout, after any installed moe_kernels.
-if str(KERNELS) not in sys.path:
-    sys.path.append(str(KERNELS))
 
 import pytest  # noqa: E402
 
@@ -63,7 +58,7 @@ def release_trees(tmp_path_factory):
                 import moe_patch  # noqa: F401
             except ImportError:
                 pytest.skip("moe_patch is not installed: set MOE_KERNELS_TREES to tree paths")
-            from moe_kernels.trees import build_tree
+            from moe_patch.harness_trees import build_tree
 
             built[label] = build_tree(label, tmp_path_factory.mktemp("trees") / label)
         return built[label]

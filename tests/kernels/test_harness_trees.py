@@ -1,6 +1,6 @@
-"""moe_kernels.trees: the trees a GPU run carries, made through moe-patch's own download path
-(cached) and applier: each the release's fused-MoE folder and vllm/_version.py, described
-in trees.json."""
+"""moe_patch.harness_trees: the trees a GPU run of the harness carries, made through
+moe-patch's own download path (cached) and applier: each the release's fused-MoE folder and
+vllm/_version.py, described in trees.json, which the harness copies into its results."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 from moe_kernels import load_fused_moe_kernel
 from moe_kernels.dispatch import config_for
 from moe_kernels.loader import FUSED_MOE_REL
-from moe_kernels.trees import build_tree, fingerprint, harness_trees, main, split_label
+from moe_kernels.trees import fingerprint
 from moe_patch import __version__
+from moe_patch.harness_trees import build_tree, harness_trees, main, split_label
 
 pytestmark = [pytest.mark.network, pytest.mark.release]
 

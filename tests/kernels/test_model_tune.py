@@ -109,11 +109,10 @@ def test_a_rerun_resumes_after_the_m_values_it_holds(tree, tiny_shape, tmp_path,
 def test_no_m_keeps_a_config_slower_than_the_dispatch(tree, tiny_shape, tmp_path):
     out = tmp_path / "tuned"
     report = model_tune.tune_model(
-        tree, tiny_shape, "tensor", [1, 2], out, routings=1, candidates_for=one_tile
-    )
-    from moe_patch import __version__
-
-    assert report["inputs"]["series_version"] == __version__
+        tree, tiny_shape, "tensor", [1, 2], out, routings=1, candidates_for=one_tile,
+        series_version="9.8.7",
+    )  # fmt: skip
+    assert report["inputs"]["series_version"] == "9.8.7"  # as the caller names it
     for row in report["results"].values():
         assert row["dispatch_correct"]
         assert row["us"] <= row["dispatch"]["us"] and row["speedup"] >= 1.0
@@ -142,6 +141,11 @@ def test_the_command_prints_the_gain_per_m_and_the_folder_for_vllm(tree, tmp_pat
     assert [line.split()[0] for line in lines[1:3]] == ["1", "2"]
     assert lines[3] == f"wrote {out / tiny_file_name()}"
     assert lines[4] == f"export VLLM_TUNED_CONFIG_FOLDER={out}"
+    from moe_patch import __version__  # the command names its own series to the harness
+
+    assert json.loads((out / model_tune.STATE_NAME).read_text())["inputs"]["series_version"] == (
+        __version__
+    )
     # By default the release the tree was made from (0.21.0, through moe-patch's cache) is
     # timed beside it: a new input, so every M is timed again, and the gain over it shown.
     result = CliRunner().invoke(main, ["tune", *args, "--out", str(out)])
@@ -253,7 +257,7 @@ def test_a_local_version_label_names_its_release(tree, tmp_path):
 
 def test_a_release_out_of_reach_says_how_to_go_on(tree, tmp_path, monkeypatch):
     from click.testing import CliRunner
-    from moe_kernels import trees
+    from moe_patch import harness_trees
     from moe_patch.cli import main
     from moe_patch.errors import EXIT_NETWORK, NetworkError
 
@@ -261,7 +265,7 @@ def test_a_release_out_of_reach_says_how_to_go_on(tree, tmp_path, monkeypatch):
         assert (label, index_url) == ("0.21.0", "http://index.invalid/simple")
         raise NetworkError("cannot reach the package index http://index.invalid/simple")
 
-    monkeypatch.setattr(trees, "build_tree", unreachable)
+    monkeypatch.setattr(harness_trees, "build_tree", unreachable)
     (tmp_path / "config.json").write_text(json.dumps(TINY_MODEL))
     args = ["--model", str(tmp_path), "--tree", str(tree), "--out", str(tmp_path / "o")]
     result = CliRunner().invoke(main, ["tune", *args, "--index-url", "http://index.invalid/simple"])

@@ -136,7 +136,7 @@ def test_a_result_names_the_series_version_and_commit_of_its_checkout_and_trees(
 ):
     """What each tree was made from travels in trees.json beside it (the device's copy of the
     working tree has no git); the checkout that ran the harness is named where it has git."""
-    from moe_kernels.measure import checkout_commit, series_version
+    from moe_kernels.measure import checkout_commit
     from moe_kernels.trees import described
 
     trees = tmp_path / "trees"
@@ -151,7 +151,7 @@ def test_a_result_names_the_series_version_and_commit_of_its_checkout_and_trees(
     assert bench.main([*args, "--out", str(out), "--stop-after", "0"]) == 3
     written = json.loads(out.read_text())
     assert written["trees"] == {"p": {**made, "series_commit": "abc1234"}, "s": None}
-    assert written["series_version"] == series_version()
+    assert written["series_version"] == "0.2.0"  # what trees.json says, not moe-patch's own
     assert written["series_commit"] == checkout_commit()
     assert described([f"x={tmp_path / 'nowhere'}"]) == {"x": None}
     # Every tool's header names its trees' fingerprints (jit_sweep's too, which keeps no
@@ -160,3 +160,18 @@ def test_a_result_names_the_series_version_and_commit_of_its_checkout_and_trees(
 
     header = record_header("moe_kernels.jit_sweep", [], [f"s={harness_tree}"])
     assert header["fingerprints"] == {"s": fingerprint(harness_tree)}
+    assert header["series_version"] is None  # no trees.json names its series
+
+
+def test_a_run_comparing_two_series_names_both():
+    from moe_kernels.measure import series_of
+
+    made = {"tree": "vLLM 0.21.0 with the series at commit abc1234"}
+    trees = {
+        "new": {**made, "series_version": "0.3.0"},
+        "old": {**made, "series_version": "0.2.0"},
+        "release": {"tree": "vLLM 0.21.0 as released"},
+        "elsewhere": None,
+    }
+    assert series_of(trees) == "0.2.0, 0.3.0"
+    assert series_of({"release": trees["release"], "elsewhere": None}) is None

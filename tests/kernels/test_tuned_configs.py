@@ -363,32 +363,6 @@ def test_launches_split_by_the_trees_own_rule(release_trees, label, monkeypatch)
     assert loaded.split_k_rule(False, 4, 1, 56, device) == 1
 
 
-def test_an_older_series_split_rule_is_called_like_the_current_one():
-    """Trees patched by older commits of the series have ``split_k_for`` without
-    ``k_steps``; the harness wraps it so such a tree can be measured beside the current one."""
-    from moe_kernels.loader import LoadedKernel
-
-    seen = []
-
-    def split_k_for(use_fp8_w8a8, split_k, num_programs, device):
-        seen.append((use_fp8_w8a8, split_k, num_programs, device))
-        return split_k if num_programs < 132 else 1
-
-    older = SimpleNamespace(_launcher_rule=lambda name: split_k_for)
-    rule = LoadedKernel.split_k_rule.func(older)
-    assert rule(True, 4, 100, 56, "gpu0") == 4
-    assert rule(True, 4, 200, 56, "gpu0") == 1
-    assert seen == [(True, 4, 100, "gpu0"), (True, 4, 200, "gpu0")]
-
-    def current(use_fp8_w8a8, split_k, num_programs, k_steps, device):
-        return k_steps
-
-    assert (
-        LoadedKernel.split_k_rule.func(SimpleNamespace(_launcher_rule=lambda name: current))
-        is current
-    )
-
-
 # Stage bytes of 16- and 8-token tiles against 64- and 128-wide weight tiles, K tiles of
 # 128 and 256 (FP8: one byte per element), and grids around what an SM holds.
 STAGE_BYTES = ((16 + 64) * 128, (16 + 128) * 128, (8 + 64) * 256, (16 + 64) * 256)
@@ -614,89 +588,102 @@ def test_a_table_entry_keeping_the_dispatch_keeps_its_narrow_tile_offer(release_
     assert source == f"tuned:{name}[4]" and read == entry
 
 
-def test_committed_capture_size_report_is_the_studys_and_backs_the_patch_message():
-    """The searches at 24, 40, 48 and 56 tokens: the committed report is what
-    studies.capture_sizes makes of them, and its summary is what the swap-ab patch
-    message says (none of the 32 cells below 0.98x of the series before or a release)."""
-    from studies import capture_sizes
+def shipped_cells(runs: list[dict], before: str, releases: tuple[str, ...]) -> list[dict]:
+    """Per cell of searches with peers: the time of the entry the tables launch there (the
+    search's winner, or the tree's own config: :func:`moe_kernels.configs.chosen`) and of
+    each peer's own dispatch, both GEMMs summed over the routings; per peer, the entry's
+    slower GEMM against that peer's same GEMM."""
+    found = []
+    for run in runs:
+        for row in run["results"]:
+            entry, _ = configs.chosen(row)
+            timed = row["dispatch"]
+            if entry is not None:
+                launch = configs.as_launch(entry)
+                timed = next(t for t in row["all"] if configs.as_launch(t["config"]) == launch)
+            peers = {label: row["peers"][label] for label in (before, *releases)}
+            found.append(
+                {
+                    "cell": (row["shape"], row["quant"], row["M"]),
+                    "us": timed["us"],
+                    **{label: peer["us"] for label, peer in peers.items()},
+                    "gemm": {
+                        label: min(peer[f"{g}_us"] / timed[f"{g}_us"] for g in ("up", "down"))
+                        for label, peer in peers.items()
+                    },
+                }
+            )
+    return found
 
-    names = CAPTURE_SEARCHES
-    runs = [json.loads((RESULTS / n).read_text()) for n in names]
-    found = capture_sizes.cells(runs)
-    committed = (RESULTS.parent / "capture-sizes" / "h200-capture-sizes.md").read_text()
-    assert committed == capture_sizes.markdown(names, found)
-    assert len(found) == 32 and all(
-        t["correct"] for run in runs for row in run["results"] for t in row["all"]
-    )
-    for peer, geomean in (("0.21.0+moe", 1.016), ("0.21.0", 1.101), ("0.33.0", 1.029)):
-        ratios = [c[peer] / c["us"] for c in found]
-        assert round(statistics.geometric_mean(ratios), 3) == geomean
-        assert min(ratios) >= 0.98
-        if peer != "0.21.0+moe":  # neither GEMM of a cell more than 2% behind a release
-            assert min(c["gemm"][peer] for c in found) >= 0.98
-    best = max(found, key=lambda c: c["0.21.0+moe"] / c["us"])
-    assert (best["shape"], best["quant"], best["M"]) == ("deepseek-v3-tp8", "block", 40)
 
-
-def test_committed_0_25_capture_size_report_is_the_studys_and_backs_the_patch_message():
-    """The 0.25+ series' search at 24, 40, 48 and 56 tokens on 0.33.0: the committed report
-    is the study's, and none of its 32 cells is below 0.98x of the series before the search
-    or of 0.33.0 (in-sample, as the patch message says)."""
-    from studies import capture_sizes
-
-    names = ["h200-tune-capture-0.33.json"]
-    runs = [json.loads((RESULTS / n).read_text()) for n in names]
-    peers = ("0.33.0+moe", ("0.33.0",))
-    found = capture_sizes.cells(runs, *peers)
-    committed = (RESULTS.parent / "capture-sizes" / "h200-capture-sizes-0.33.md").read_text()
-    assert committed == capture_sizes.markdown(names, found, *peers, "0.25+")
-    assert len(found) == 32
-    for peer, geomean in (("0.33.0+moe", 1.018), ("0.33.0", 1.029)):
-        ratios = [c[peer] / c["us"] for c in found]
-        assert round(statistics.geometric_mean(ratios), 3) == geomean
-        assert min(ratios) >= 0.98
+def summary_row(found: list[dict], peer: str) -> str:
+    """The line of a committed search report (capture-sizes/, between-sizes/) that sums up
+    the shipped entries against ``peer``: cells, geometric-mean speed-up, slowest."""
+    ratios = [c[peer] / c["us"] for c in found]
+    geomean = statistics.geometric_mean(ratios)
+    return f"| `{peer}` | {len(ratios)} | {geomean:.3f}x | {min(ratios):.3f}x |"
 
 
 @pytest.mark.parametrize(
-    ("series", "search", "before", "releases", "geomeans", "slowest_gemm"),
+    ("report", "searches", "before", "releases", "cells", "geomeans", "slowest_gemm"),
     [
-        (
-            "0.20",
-            "h200-tune-between-0.21.json",
+        (  # the 0.20 series at vLLM's CUDA-graph sizes 24, 40, 48, 56 (swap-ab)
+            "capture-sizes/h200-capture-sizes.md",
+            CAPTURE_SEARCHES,
             "0.21.0+moe",
             ("0.21.0", "0.33.0"),
+            32,
+            {"0.21.0+moe": 1.016, "0.21.0": 1.101, "0.33.0": 1.029},
+            0.990,
+        ),
+        (  # the 0.25+ series there, on 0.33.0 (swap-ab-split-k)
+            "capture-sizes/h200-capture-sizes-0.33.md",
+            ["h200-tune-capture-0.33.json"],
+            "0.33.0+moe",
+            ("0.33.0",),
+            32,
+            {"0.33.0+moe": 1.018, "0.33.0": 1.029},
+            0.992,
+        ),
+        (  # both series at M = 3, 5-7, 9-15
+            "between-sizes/h200-between-sizes-0.21.md",
+            ["h200-tune-between-0.21.json"],
+            "0.21.0+moe",
+            ("0.21.0", "0.33.0"),
+            88,
             {"0.21.0+moe": 1.008, "0.21.0": 1.090, "0.33.0": 1.035},
             0.974,
         ),
         (
-            "0.25+",
-            "h200-tune-between-0.33.json",
+            "between-sizes/h200-between-sizes-0.33.md",
+            ["h200-tune-between-0.33.json"],
             "0.33.0+moe",
             ("0.33.0",),
+            88,
             {"0.33.0+moe": 1.004, "0.33.0": 1.031},
             0.995,
         ),
     ],
 )
-def test_committed_between_size_reports_are_the_studys_and_back_the_patch_messages(
-    series, search, before, releases, geomeans, slowest_gemm
+def test_the_committed_search_reports_are_their_searches_and_back_the_patch_messages(
+    report, searches, before, releases, cells, geomeans, slowest_gemm
 ):
-    """Both series' searches at M = 3, 5-7, 9-15: each committed report is what
-    studies.capture_sizes makes of its search, every timing was correct, and its summary is
-    what the patch messages say: no cell below 0.98x of the tables before or of a release,
-    and the slowest single GEMM against a release (the 0.20 series' DeepSeek-V3 block at
-    M = 6, kept: no searched config kept both GEMMs within 2% of 0.33.0)."""
-    from studies import capture_sizes
-
-    run = json.loads((RESULTS / search).read_text())
-    found = capture_sizes.cells([run], before, releases)
-    version = search.removeprefix("h200-tune-between-").removesuffix(".json")
-    report = RESULTS.parent / "between-sizes" / f"h200-between-sizes-{version}.md"
-    assert report.read_text() == capture_sizes.markdown([search], found, before, releases, series)
-    assert len(found) == 88 and sorted({c["M"] for c in found}) == [3, 5, 6, 7, *range(9, 16)]
-    assert all(t["correct"] for row in run["results"] for t in row["all"])
+    """The reports the patch pages cite (in-sample gains of the tables at the sizes between
+    the first searches) sum up what the committed searches give: every timing correct, no
+    cell below 0.98x of the tables before or of a release, and the slowest single GEMM
+    against a release (the 0.20 series' DeepSeek-V3 block at M = 6, kept: no searched
+    config kept both GEMMs within 2% of 0.33.0)."""
+    runs = [json.loads((RESULTS / name).read_text()) for name in searches]
+    assert all(t["correct"] for run in runs for row in run["results"] for t in row["all"])
+    found = shipped_cells(runs, before, releases)
+    assert len(found) == cells
+    text = (RESULTS.parent / report).read_text()
     for peer, geomean in geomeans.items():
         ratios = [c[peer] / c["us"] for c in found]
         assert round(statistics.geometric_mean(ratios), 3) == geomean
         assert min(ratios) >= 0.98
+        assert summary_row(found, peer) in text
     assert round(min(c["gemm"][r] for c in found for r in releases), 3) == slowest_gemm
+    if report == "capture-sizes/h200-capture-sizes.md":
+        best = max(found, key=lambda c: c[before] / c["us"])
+        assert best["cell"] == ("deepseek-v3-tp8", "block", 40)

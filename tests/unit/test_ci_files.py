@@ -12,6 +12,7 @@ def test_github_matrix_runs_verify_per_release():
     assert "moe-patch verify --vllm ${{ matrix.vllm }}" in text
     # The kernel tests run there too, installed as .ci/run installs them.
     assert "python -m pytest tests/kernels" in text
+    assert "python -m pytest tests/e2e" in text  # the e2e benchmark's tests without a GPU
     assert "pip install -e '.[test]' -c .ci/constraints.txt" in text
 
 

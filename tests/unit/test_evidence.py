@@ -25,7 +25,7 @@ def test_every_quoted_figure_is_its_result_files():
 
 
 def test_the_readme_and_every_manual_page_are_checked():
-    assert "README.md" in PAGES and "docs/results.md" in PAGES
+    assert "README.md" in PAGES and "docs/results.md" in PAGES and "docs/studies.md" in PAGES
     assert {p for c in INDEX["claims"] for p in c["pages"]} <= set(PAGES)
     assert "docs/patches/swap-ab-split-k.md" in PAGES
 
@@ -58,6 +58,8 @@ def test_the_readme_and_every_manual_page_are_checked():
             "1.035× over 0.33.0\n",
             "is in-sample and not labelled so there",
         ),
+        # a study's figure, whose file is read from the commit that still holds it
+        ("docs/studies.md", "1.052×", "1.062×", "'1.062×' is a figure no claim"),
     ],
 )
 def test_a_planted_wrong_figure_fails(page, old, new, words):
@@ -92,10 +94,30 @@ def test_what_counts_as_a_figure():
     assert evidence.figures(text) == ["2.02–4.84×", "9.6 µs", "849 ms", "0.84–1.08 s", "21%"]
 
 
+def test_a_studys_figure_is_recomputed_from_the_commit_that_holds_its_file():
+    """The studies' files left the tree; their claims read them from history."""
+    index = copy.deepcopy(INDEX)
+    claim = next(c for c in index["claims"] if c["figure"] == "1.141×" and "commit" in c)
+    assert not (evidence.RESULTS / evidence.sources(claim)[0][0]).exists()
+    assert evidence.problems(index, PAGES) == []
+    claim["sources"] = [{**s, "args": {**s["args"], "old": "0.33.0"}} for s in claim["sources"]]
+    assert evidence.problems(index, PAGES) == [
+        "claim '1.141×': " + ", ".join(n for n, _ in evidence.sources(claim)) + " gives 1.068"
+    ]
+
+
+def test_a_claim_on_a_commit_this_clone_lacks_says_so():
+    index = copy.deepcopy(INDEX)
+    claim = next(c for c in index["claims"] if "commit" in c)
+    claim["commit"] = "0" * 40
+    (found,) = evidence.problems(index, PAGES)
+    assert f"is not in commit {'0' * 40} here" in found and "git fetch --unshallow" in found
+
+
 def test_every_json_result_a_claim_cites_records_its_command_and_gpu():
     for claim in INDEX["claims"]:
         for name, _ in evidence.sources(claim):
-            data = evidence.read_result(evidence.RESULTS / name)
+            data = evidence.load(claim, name)
             if isinstance(data, str):
                 continue  # a study's Markdown names its inputs, which carry both
             for run in data.get("runs", [data]):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from .. import __version__
 from ..errors import (
     EXIT_LOCAL_IO,
     EXIT_NETWORK,
@@ -53,8 +54,9 @@ def _release_tree(
             )
         return path
     from moe_kernels.loader import tree_version
-    from moe_kernels.trees import build_tree
     from packaging.version import InvalidVersion, Version
+
+    from ..harness_trees import build_tree
 
     said = tree_version(tree)
     try:  # a local label (a patched wheel's +moe..., a build's +cu128) is the same release
@@ -236,6 +238,7 @@ def command(model, tp, tree, quant, token_counts, routings, seed, out, release, 
                     on_result=lambda row: advance(1),
                     on_discard=_say_discarded(out),
                     release=release_tree,
+                    series_version=__version__,
                 )
             except KernelLoadError as exc:
                 raise UsageError(f"cannot load fused_moe_kernel: {exc}") from None
