@@ -350,7 +350,7 @@ def authored_series(tmp_path_factory):
         ],
     )
     # Ran on a GPU, so apply and wheel print no warning that tests of their output would see
-    # (tests/unit/test_gpu_runs.py removes it).
+    # (tests/integration/test_gpu_runs.py removes it).
     (root / "v1.0.0" / "gpu-runs.json").write_text(json.dumps({"runs": [SYNTHETIC_GPU_RUN]}))
     return root
 

@@ -2,8 +2,8 @@
 take, judged by the tree's own pull-request checklist.
 
 Each branch's new tests run on its base and on it with the release's oracle environment
-(CPU torch and the release's ``requirements/common.txt``: ``tests/oracle/venvs.py``), the
-same one the oracle tier builds, so CI builds it once.
+(CPU torch and the release's ``requirements/common.txt``: ``tests/release/oracle/venvs.py``),
+the same one the oracle tests build, so CI builds it once.
 """
 
 import os
@@ -16,7 +16,7 @@ import pytest
 from moe_patch import contribution, lint, pr, pr_checks
 from moe_patch.settings import Settings
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "oracle"))
+sys.path.insert(0, str(Path(__file__).with_name("oracle")))
 import venvs  # noqa: E402  (the oracle tier's environments)
 
 pytestmark = [pytest.mark.release, pytest.mark.network]

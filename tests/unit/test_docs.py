@@ -11,6 +11,8 @@ from moe_patch.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
+
+
 def test_the_readme_is_a_front_page():
     text = (ROOT / "README.md").read_text()
     assert len(text.encode()) <= 10 * 1024

@@ -74,7 +74,9 @@ def test_a_command_gets_the_settings_its_options_name(tmp_path, monkeypatch):
     seen = []
     from moe_patch.cli import list_ as list_command
 
-    monkeypatch.setattr(list_command, "list_series", lambda vllm, given: seen.append(given) or [])
+    monkeypatch.setattr(
+        list_command, "list_series", lambda vllm, settings: seen.append(settings) or []
+    )
     result = CliRunner().invoke(main, ["list", "--patches", str(tmp_path / "mine"), "--json"])
     assert result.exit_code == 0, result.output
     assert seen == [Settings.resolve(tmp_path / "mine")]

@@ -36,7 +36,8 @@ from .report import (
 from .series import Series
 from .treelock import common_dir, git_dir, target_lock
 
-STATE_FILE = "moe-patch-state.json"
+STATE_FILE = "moe-patch-state.json"  # a tree apply made
+CHECKOUT_RECORD = "moe-patch-workflow.json"  # a tree checkout or rebase made (workflow.py)
 _FAILED_AT = re.compile(r"error: patch failed: (.+):(\d+)")
 _DOES_NOT_EXIST = re.compile(r"error: (.+): (does not exist in index|No such file or directory)")
 
@@ -112,8 +113,6 @@ def owned_base(tree: Path, version: str, source: Path | None = None) -> str:
             f"{tree} is the tree moe-patch made for vLLM {made}; give another --into for "
             f"vLLM {version}"
         )
-    from .workflow import STATE_FILE as CHECKOUT_RECORD  # workflow imports this module
-
     if (git_dir(tree) / CHECKOUT_RECORD).is_file():
         raise StateError(
             f"{tree} is a tree for editing the series (moe-patch checkout or rebase), not one "

@@ -51,7 +51,7 @@ from .pr_checks import Item
 from .pr_description import BranchFacts, describe
 from .report import FAIL, PASS, as_json
 from .settings import Settings
-from .upstreaming import upstreaming
+from .upstreaming import body_for, title_for, upstreaming
 
 DEFAULT_PREFIX = "moe-patch/"
 SPDX_LINES = (
@@ -59,23 +59,6 @@ SPDX_LINES = (
     "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
 )
 UPSTREAM_REPO = remotes.UPSTREAM_REPO
-# Trailers that belong to the series, not to an upstream commit.
-SERIES_TRAILERS = {
-    "upstream-status",
-    "upstream-probe",
-    "applied-upstream",
-    "forwarded",
-    "patch-filename",
-    "signed-off-by",
-    "upstream-title",
-    "upstream-tag",
-    "upstream-depends",
-    "upstream-test",
-    "upstream-docs",
-    "upstream-results",
-    "upstream-benchmark",
-}
-
 # Outcomes per patch.
 BRANCH, STACKED, SKIPPED_INAPPROPRIATE, SKIPPED_UPSTREAM, FAILED = (
     "branch",
@@ -191,31 +174,6 @@ def ref_version(repo: Path, commit: str, name: str) -> str | None:
 
 
 # --- commit messages ----------------------------------------------------------------
-
-
-def title_for(patch: Patch) -> str:
-    explicit = patch.trailer("Upstream-Title")
-    if explicit:
-        return explicit
-    tag = upstreaming(patch).tag
-    subject = re.sub(r"^[\w./-]+:\s+", "", patch.subject)  # "fused_moe: do x" -> "do x"
-    return f"{tag} {subject[:1].upper()}{subject[1:]}"
-
-
-def body_for(patch: Patch) -> str:
-    """The patch's message without the series' own trailers."""
-    paragraphs = [p for p in patch.message.strip().split("\n\n") if p.strip()]
-    if paragraphs:
-        kept = [
-            line
-            for line in paragraphs[-1].splitlines()
-            if line.split(":", 1)[0].strip().lower() not in SERIES_TRAILERS
-        ]
-        if kept:
-            paragraphs[-1] = "\n".join(kept)
-        else:
-            paragraphs.pop()
-    return "\n\n".join(paragraphs)
 
 
 def commit_message(patch: Patch, name: str, email: str) -> str:

@@ -37,7 +37,7 @@ from packaging.version import InvalidVersion, Version
 
 from .contribution import Rules, answers
 from .patchfile import Patch
-from .upstreaming import upstreaming
+from .upstreaming import body_for, title_for, upstreaming
 
 DESCRIPTIONS = "descriptions"  # under the series' upstream/ folder
 # Which of our sections fills a heading of the target's template, by its words.
@@ -107,8 +107,6 @@ def _sections(text: str) -> dict[str, str]:
 
 
 def _from_message(patch: Patch) -> Source:
-    from .pr import body_for, title_for  # the commit message's own words
-
     paragraphs = [p for p in body_for(patch).split("\n\n") if p.strip()]
     overview = " ".join(paragraphs[0].split()) if paragraphs else title_for(patch)
     claims = "- " + title_for(patch).split("] ", 1)[-1]

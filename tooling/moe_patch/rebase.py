@@ -420,26 +420,6 @@ def _stop_message(state: RebaseState, step: Step) -> str:
     )
 
 
-def resolve_instructions(state: RebaseState) -> str:
-    """The multi-line hint printed when a rebase stops."""
-    step = state.steps[state.current]
-    tree = state.tree
-    lines = [
-        f"rebase onto vLLM {state.onto} stopped at patch {state.current + 1}/"
-        f"{len(state.steps)}: {step.id} ({step.name})",
-        "conflicts:",
-        *[f"    {tree}/{name}" for name in state.conflicts],
-        "to resolve:",
-        "    edit the files above (look for <<<<<<< and >>>>>>>), then",
-        f"    git -C {tree} add {' '.join(state.conflicts)}",
-        f"    moe-patch rebase --continue --into {tree}",
-        "or:",
-        f"    moe-patch rebase --skip --into {tree}     # drop this patch from the new series",
-        f"    moe-patch rebase --abort --into {tree}    # give up; removes {tree}",
-    ]
-    return "\n".join(lines)
-
-
 # --- continue / skip / abort --------------------------------------------------------
 
 

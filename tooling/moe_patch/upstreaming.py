@@ -14,11 +14,14 @@
 ``Upstream-Benchmark``  a command a reviewer runs inside vLLM, on the base and on the branch
 ``Assisted-by``         how the change was written; kept in the upstream commit
 
-A new patch needs no change to the tool: everything ``pr`` does with it comes from these.
+The upstream commit's title and message (:func:`title_for`, :func:`body_for`) come from the
+patch too.  A new patch needs no change to the tool: everything ``pr`` does with it comes
+from these.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from . import patchfile
@@ -40,6 +43,23 @@ class Upstreaming:
 
 
 UPSTREAM_FILES = "upstream"  # beside the series directories
+
+# Trailers that belong to the series, not to an upstream commit.
+SERIES_TRAILERS = {
+    "upstream-status",
+    "upstream-probe",
+    "applied-upstream",
+    "forwarded",
+    "patch-filename",
+    "signed-off-by",
+    "upstream-title",
+    "upstream-tag",
+    "upstream-depends",
+    "upstream-test",
+    "upstream-docs",
+    "upstream-results",
+    "upstream-benchmark",
+}
 
 
 def upstreaming(patch: Patch) -> Upstreaming:
@@ -89,3 +109,29 @@ def dependency_problems(patches: list[Patch]) -> list[str]:
                 )
         seen.append(patch.id)
     return problems
+
+
+def title_for(patch: Patch) -> str:
+    """The upstream commit's title: ``Upstream-Title``, else the tag and the subject."""
+    explicit = patch.trailer("Upstream-Title")
+    if explicit:
+        return explicit
+    tag = upstreaming(patch).tag
+    subject = re.sub(r"^[\w./-]+:\s+", "", patch.subject)  # "fused_moe: do x" -> "do x"
+    return f"{tag} {subject[:1].upper()}{subject[1:]}"
+
+
+def body_for(patch: Patch) -> str:
+    """The patch's message without the series' own trailers."""
+    paragraphs = [p for p in patch.message.strip().split("\n\n") if p.strip()]
+    if paragraphs:
+        kept = [
+            line
+            for line in paragraphs[-1].splitlines()
+            if line.split(":", 1)[0].strip().lower() not in SERIES_TRAILERS
+        ]
+        if kept:
+            paragraphs[-1] = "\n".join(kept)
+        else:
+            paragraphs.pop()
+    return "\n\n".join(paragraphs)

@@ -49,21 +49,20 @@ from . import (
     index,
     lint,
     patchfile,
-    probes,
     releases,
     series,
     sources,
     trees,
 )
 from .errors import MoePatchError, UsageError
+from .headers import header_problems
 from .pipconfig import index_settings
 from .report import APPLIED, FAIL, FAILED, PASS, SKIP, as_json
 from .settings import Settings
-from .upstreaming import dependency_problems, upstreaming
+from .upstreaming import dependency_problems
 
 SERIES_CHECKS = ("series-integrity", "exported-form")
 RELEASE_CHECKS = ("apply", "compile", "ruff-check", "ruff-format", "kernels")
-UPSTREAM_STATUSES = ("Pending", "Submitted", "Backport", "Accepted", "Denied", "Inappropriate")
 PYTHON_SUFFIXES = (".py", ".pyi")
 
 
@@ -173,33 +172,6 @@ def check_integrity(base: str, series_root: Path) -> Check:
         PASS,
         f"{count} patch{'es' if count != 1 else ''}: series file, headers and paths agree",
     )
-
-
-def header_problems(patch: patchfile.Patch) -> list[str]:
-    """What a patch's headers lack (Subject is checked by the parser itself)."""
-    problems = []
-    paragraphs = [p for p in patch.message.strip().split("\n\n") if p.strip()]
-    if len(paragraphs) < 2:
-        problems.append("no reason: the message needs a paragraph saying why, before the trailers")
-    status = patch.trailer("Upstream-Status")
-    if not status:
-        problems.append("no Upstream-Status trailer")
-    elif status.split()[0].rstrip(":") not in UPSTREAM_STATUSES:
-        problems.append(
-            f"Upstream-Status {status.split()[0]!r} is not one of {', '.join(UPSTREAM_STATUSES)}"
-        )
-    if not patch.trailer("Signed-off-by"):
-        problems.append("no Signed-off-by trailer")
-    for declaration in patch.trailer_values("Upstream-Probe"):
-        try:
-            probes.parse(declaration, patch.path.name)
-        except MoePatchError as exc:
-            problems.append(exc.message)
-    try:
-        upstreaming(patch)  # the test files it names exist beside the series
-    except MoePatchError as exc:
-        problems.append(exc.message)
-    return problems
 
 
 def check_exported_form(tree: Path, chosen: series.Series, outcomes) -> Check:

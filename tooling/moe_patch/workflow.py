@@ -31,11 +31,12 @@ import git
 
 from . import applier, cache, export, gitutil, identity, patchfile, series, sources, ui
 from .errors import MoePatchError, PatchFailed, StateError, UsageError
+from .headers import header_problems
 from .patchfile import Patch
 from .settings import Settings, require_writable
 
 NAME_TRAILER = "Patch-Filename"
-STATE_FILE = "moe-patch-workflow.json"
+STATE_FILE = applier.CHECKOUT_RECORD
 _TRAILER_LINE = re.compile(r"^[A-Za-z][A-Za-z0-9-]*: ")
 _NAME_LINE = re.compile(rf"^{NAME_TRAILER}:\s*(\S.*?)\s*$", re.IGNORECASE)
 
@@ -411,8 +412,6 @@ def export_tree(
         if name not in new_names:
             result.changes.append({"patch": name, "change": REMOVED, "commit": None})
     result.series_changed = new_names != old_names
-    from .verify import header_problems
-
     for item in exported:
         for problem in header_problems(patchfile.parse(item.data, directory / item.name)):
             result.problems.append(f"{item.name}: {problem}")

@@ -1,9 +1,9 @@
 """The ``moe-patch`` command line: one click group, one error policy, one module per command.
 
-Each ``cli/<command>.py`` parses options and prints; the work is done by the library API
-(:mod:`moe_patch.commands` and the engines it calls), which tests call directly.  Every
-failure reaches the user through :class:`_Group`: one line on stderr and a documented exit
-code, never a traceback.
+Each ``cli/<command>.py`` parses options, calls ``moe_patch.commands.<command>`` with them
+as keyword arguments and prints the report (:mod:`moe_patch.cli.render`); it reaches no
+engine itself (``tests/unit/test_imports.py``).  Every failure reaches the user through
+:class:`_Group`: one line on stderr and a documented exit code, never a traceback.
 """
 
 from __future__ import annotations

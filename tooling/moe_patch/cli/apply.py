@@ -6,17 +6,8 @@ from pathlib import Path
 
 import click
 
-from .. import installed
-from ..commands.apply import apply as apply_tree
-from ..errors import (
-    EXIT_PATCH_FAILED,
-    EXIT_STATE,
-    FETCHING,
-    PatchFailed,
-    UsageError,
-    command_epilog,
-)
-from ..report import render_apply, render_installed
+from ..commands.apply import apply, failure
+from ..errors import EXIT_PATCH_FAILED, EXIT_STATE, FETCHING, command_epilog
 from .options import (
     Folder,
     index_option,
@@ -26,6 +17,7 @@ from .options import (
     series_option,
     target_option,
 )
+from .render import render_apply, render_installed, show
 
 
 @click.command(
@@ -95,19 +87,18 @@ def command(
     gives the same commits and says so.  With --installed it patches the vLLM
     installed in this environment in place instead (see status / revert).
     """
-    if installed_ or target:
-        if into or source or git_url or in_place:
-            raise UsageError("--installed patches the installed vLLM; drop --into/--source/--git")
-        report = installed.apply(target, vllm, settings, list(only) or None)
-        click.echo(report.to_json() if as_json else render_installed(report))
-        return
-    report = apply_tree(
-        vllm, into, source, git_url, in_place, list(only) or None, settings, any_base
+    report = apply(
+        vllm=vllm,
+        into=into,
+        source=source,
+        git_url=git_url,
+        in_place=in_place,
+        only=list(only) or None,
+        settings=settings,
+        any_base=any_base,
+        installed=installed_,
+        target=target,
     )
-    click.echo(report.to_json() if as_json else render_apply(report))
-    if not report.ok:
-        failed = next(o for o in report.outcomes if o.status == "failed")
-        raise PatchFailed(
-            f"patch {failed.id} failed ({failed.detail}); the tree is at the last good commit "
-            f"on {report.branch}; refresh the patch for this release, or leave it out with --only"
-        )
+    show(report, as_json, render_installed if installed_ or target else render_apply)
+    if error := failure(report):
+        raise error

@@ -8,8 +8,8 @@ import click
 
 from ..commands.checkout import checkout
 from ..errors import EXIT_PATCH_FAILED, EXIT_STATE, FETCHING, command_epilog
-from ..report import render_table
 from .options import Folder, index_option, pass_settings, series_option
+from .render import render_checkout
 
 
 @click.command(
@@ -32,8 +32,4 @@ def command(vllm, directory, settings):
     Each commit is one patch, marked with a Patch-Filename trailer.  Edit with plain
     git (commit --amend, rebase -i, new commits), then: moe-patch export DIRECTORY.
     """
-    result = checkout(vllm, directory, settings)
-    rows = [[p["id"], p["commit"][:12], p["subject"]] for p in result.patches]
-    click.echo(f"series v{result.base} checked out in {result.tree} on branch {result.branch}")
-    click.echo(render_table(["patch", "commit", "subject"], rows))
-    click.echo(f"edit with git on top of v{result.base}, then: moe-patch export {result.tree}")
+    click.echo(render_checkout(checkout(vllm=vllm, into=directory, settings=settings)))

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
-from ..commands.clean import clean
-from ..errors import EXIT_BUSY, EXIT_LOCAL_IO, EXIT_USAGE, BusyError, command_epilog
-from ..report import render_clean
+from ..commands.clean import clean, failure
+from ..errors import EXIT_BUSY, EXIT_LOCAL_IO, EXIT_USAGE, command_epilog
 from .options import Folder
+from .render import render_clean
 
 
 @click.command(
@@ -42,10 +42,7 @@ def command(everything, into, dry_run, as_json):
     """Remove what killed runs left in the cache (and beside --into); --all empties the cache.
 
     Entries another run is using are kept (exit 6 when any was)."""
-    report = clean(everything, into, dry_run)
+    report = clean(everything=everything, into=into, dry_run=dry_run)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else render_clean(report))
-    if report.in_use:
-        raise BusyError(
-            f"{len(report.in_use)} cache entr{'ies are' if len(report.in_use) > 1 else 'y is'} "
-            "in use by another moe-patch run and kept; run clean again when it has finished"
-        )
+    if error := failure(report):
+        raise error

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
 from pathlib import Path
 
 import click
 
-from ..commands.checkout import export
+from ..commands.export import export, failure
 from ..errors import (
     EXIT_EXPORT_STALE,
     EXIT_INTEGRITY,
     EXIT_LOCAL_IO,
     EXIT_STATE,
     EXIT_USAGE,
-    MoePatchError,
     command_epilog,
 )
-from ..report import render_table
+from .render import export_json, render_export
 
 
 @click.command(
@@ -57,18 +54,7 @@ def command(directory, series_root, check, author, as_json):
     of the export, no version signature; patch files named by their Patch-Filename
     trailer (new commits: by their subject); series in commit order.
     """
-    result = export(directory, series_root, check, author)
-    if as_json:
-        click.echo(json.dumps({**asdict(result), "changed": result.changed}, indent=2))
-    else:
-        rows = [[c["patch"], c["change"], (c["commit"] or "")[:12]] for c in result.changes]
-        click.echo(render_table(["patch", "change", "commit"], rows))
-        if result.written:
-            click.echo(f"wrote {result.series_dir}")
-        elif not result.changed:
-            click.echo(f"{result.series_dir} is up to date")
-    if check and result.changed:
-        raise MoePatchError(
-            f"{result.series_dir} is not what the commits export to; run moe-patch export",
-            EXIT_EXPORT_STALE,
-        )
+    result = export(tree=directory, series_root=series_root, check=check, author=author)
+    click.echo(export_json(result) if as_json else render_export(result))
+    if error := failure(result, check=check):
+        raise error

@@ -8,8 +8,8 @@ import click
 
 from ..commands.list import list_series, serving_ranges
 from ..errors import EXIT_USAGE, command_epilog
-from ..report import render_table
 from .options import pass_settings, series_option
+from .render import render_list
 
 
 @click.command(
@@ -27,17 +27,8 @@ from .options import pass_settings, series_option
 @pass_settings
 def command(vllm, as_json, settings):
     """Show the series: base releases, patches in order, upstream status, GPU runs."""
-    rows = list_series(vllm, settings)
+    rows = list_series(vllm=vllm, settings=settings)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
-        return
-    table = [
-        [f"v{r['base']}", str(r["position"]), r["id"], r["upstream_status"], r["subject"]]
-        for r in rows
-    ]
-    click.echo(render_table(["base", "#", "patch", "upstream", "subject"], table))
-    click.echo("")
-    serves = serving_ranges(settings)
-    gpu = {r["base"]: r["gpu"] for r in rows}
-    table = [[f"v{base}", serves[base], facts] for base, facts in gpu.items()]
-    click.echo(render_table(["series", "serves vLLM", "on a GPU"], table))
+    else:
+        click.echo(render_list(rows, serving_ranges(settings=settings)))

@@ -6,17 +6,10 @@ from pathlib import Path
 
 import click
 
-from .. import pr as engine
-from ..errors import (
-    EXIT_PATCH_FAILED,
-    EXIT_STATE,
-    EXIT_VERIFY_FAILED,
-    FETCHING,
-    MoePatchError,
-    command_epilog,
-)
-from ..report import render_pr
+from ..commands.pr import DEFAULT_PREFIX, failure, pr
+from ..errors import EXIT_PATCH_FAILED, EXIT_STATE, EXIT_VERIFY_FAILED, FETCHING, command_epilog
 from .options import index_option, json_option, pass_settings, series_option
+from .render import render_pr, show
 
 
 @click.command(
@@ -44,7 +37,7 @@ from .options import index_option, json_option, pass_settings, series_option
 )
 @click.option(
     "--prefix",
-    default=engine.DEFAULT_PREFIX,
+    default=DEFAULT_PREFIX,
     show_default=True,
     help="Branch name prefix (branch = PREFIX + patch id).",
 )
@@ -88,26 +81,17 @@ def command(source, onto, prefix, out, only, force, check_only, python, as_json,
     and on it.  The report lists the branches in merge order with the commands that push
     them and open the pull requests.  Nothing is pushed.  Exit 8 when an item fails.
     """
-    report = engine.prepare(
-        source,
-        onto,
-        out,
-        prefix,
-        list(only) or None,
-        settings,
-        force,
+    report = pr(
+        source=source,
+        onto=onto,
+        out=out,
+        prefix=prefix,
+        only=list(only) or None,
+        settings=settings,
+        force=force,
         python=python,
         check_only=check_only,
     )
-    click.echo(report.to_json() if as_json else render_pr(report))
-    failed = [o.id for o in report.outcomes if o.status == engine.FAILED]
-    if failed:
-        raise MoePatchError(
-            f"no branch for {', '.join(failed)}: see the report above", EXIT_PATCH_FAILED
-        )
-    failing = [o.id for o in report.outcomes if o.check_failed]
-    if failing:
-        raise MoePatchError(
-            f"{', '.join(failing)}: the pull-request checklist fails (see the items above)",
-            EXIT_VERIFY_FAILED,
-        )
+    show(report, as_json, render_pr)
+    if error := failure(report):
+        raise error

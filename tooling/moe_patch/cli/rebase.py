@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from .. import rebase as rebase_engine
 from ..commands.rebase import rebase
 from ..errors import (
     EXIT_CONFLICT,
@@ -17,8 +16,8 @@ from ..errors import (
     UsageError,
     command_epilog,
 )
-from ..report import render_rebase_steps
 from .options import Folder, index_option, pass_settings, series_option
+from .render import render_rebase, render_rebase_aborted, render_rebase_stopped
 
 
 @click.command(
@@ -75,22 +74,17 @@ def command(onto, base, source, git_url, any_base, into, continue_, skip, abort,
         raise UsageError("give one of --continue, --skip, --abort")
     action = actions[0] if actions else None
     try:
-        result = rebase(onto, base, into, source, git_url, action, settings, any_base)
-    except RebaseStopped as stopped:
-        click.echo(render_rebase_steps(stopped.state))
-        click.echo(rebase_engine.resolve_instructions(stopped.state))
-        raise
-    if action == "abort":
-        click.echo(
-            f"rebase onto vLLM {result.onto} aborted: removed {result.tree}; "
-            "the series directories were not touched"
+        result = rebase(
+            onto=onto,
+            base=base,
+            into=into,
+            source=source,
+            git_url=git_url,
+            action=action,
+            settings=settings,
+            any_base=any_base,
         )
-        return
-    click.echo(render_rebase_steps(result.state))
-    count = sum(1 for s in result.state.steps if s.commit)
-    click.echo(f"new series: {result.series_dir} ({count} patch{'es' if count != 1 else ''})")
-    for entry in result.recorded:
-        click.echo(f"recorded Applied-Upstream: {entry['version']} in {entry['path']}")
-    click.echo(f"work tree: {result.state.tree} (edit, commit, then moe-patch export)")
-    click.echo(f"\nrange-diff v{result.state.base} -> v{result.state.onto}:")
-    click.echo(result.range_diff or "(both series are empty)")
+    except RebaseStopped as stopped:
+        click.echo(render_rebase_stopped(stopped.state))
+        raise
+    click.echo(render_rebase_aborted(result) if action == "abort" else render_rebase(result))

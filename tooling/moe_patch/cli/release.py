@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ..commands.release import check, release
-from ..errors import (
-    EXIT_LOCAL_IO,
-    EXIT_STATE,
-    EXIT_USAGE,
-    EXIT_VERIFY_FAILED,
-    MoePatchError,
-    command_epilog,
-)
+from ..commands.release import check, check_failure, release
+from ..errors import EXIT_LOCAL_IO, EXIT_STATE, EXIT_USAGE, EXIT_VERIFY_FAILED, command_epilog
 from .options import pass_settings, series_option
+from .render import render_release, render_release_check
 
 
 @click.command(
@@ -40,15 +34,9 @@ def command(check_only, settings):
     create.  A record can be written again until its tag exists.
     """
     if check_only:
-        result = check(settings)
-        click.echo(f"release-version {result.status}: {result.detail}")
-        if result.status == "fail":
-            raise MoePatchError("release --check failed", EXIT_VERIFY_FAILED)
+        compared = check(settings=settings)
+        click.echo(render_release_check(compared))
+        if error := check_failure(compared):
+            raise error
         return
-    result = release(settings)
-    since = f"since {result.previous}" if result.previous else "(the first release)"
-    click.echo(
-        f"recorded {result.record}: {result.files} files, {len(result.changed)} changed {since}"
-    )
-    click.echo("commit it, then tag the commit that contains it:")
-    click.echo(f"  git tag -a {result.tag} -m 'moe-patch {result.version}'")
+    click.echo(render_release(release(settings=settings)))

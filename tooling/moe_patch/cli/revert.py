@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from .. import installed
+from ..commands.revert import revert
 from ..errors import EXIT_BUSY, EXIT_LOCAL_IO, EXIT_STATE, EXIT_USAGE, UsageError, command_epilog
-from ..report import render_installed
 from .options import installed_required, json_option, target_option
+from .render import render_installed, show
 
 
 @click.command(
@@ -23,5 +23,4 @@ def command(installed_, target, as_json):
     """Undo apply --installed: every file back byte for byte, RECORD included."""
     if not installed_:
         raise UsageError("moe-patch revert works on an installed vLLM: pass --installed")
-    report = installed.revert(target)
-    click.echo(report.to_json() if as_json else render_installed(report))
+    show(revert(target=target), as_json, render_installed)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from .. import installed
+from ..commands.status import status
 from ..errors import EXIT_LOCAL_IO, EXIT_USAGE, UsageError, command_epilog
-from ..report import render_installed
 from .options import installed_required, json_option, pass_settings, series_option, target_option
+from .render import render_installed, show
 
 
 @click.command(
@@ -29,5 +29,4 @@ def command(installed_, target, as_json, settings):
     """Say whether the installed vLLM is patched, with what, and file by file."""
     if not installed_:
         raise UsageError("moe-patch status works on an installed vLLM: pass --installed")
-    report = installed.status(target, settings)
-    click.echo(report.to_json() if as_json else render_installed(report))
+    show(status(target=target, settings=settings), as_json, render_installed)

@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import click
 
-from .. import __version__
-from ..errors import (
-    EXIT_LOCAL_IO,
-    EXIT_NETWORK,
-    EXIT_USAGE,
-    NetworkError,
-    UsageError,
-    command_epilog,
-)
-from ..model_config import moe_shape
-from ..ui import progress
+from ..commands.tune import release_tree, tune
+from ..errors import EXIT_LOCAL_IO, EXIT_NETWORK, EXIT_USAGE, command_epilog
 from .options import index_option, pass_settings
+from .render import render_tune
 
-KERNELS_MISSING = "moe-patch tune needs torch and triton: pip install 'moe-patch[kernels]'"
+_release_tree = release_tree  # the name tests/kernels/test_model_tune.py imports
 
 # The report's inputs, as a user would name what changed since an earlier run.
 INPUT_WORDS = {
@@ -35,65 +25,6 @@ INPUT_WORDS = {
     "series_version": "moe-patch version",
     "release_fingerprint": "--release tree",
 }
-
-
-def _release_tree(
-    release: str, tree: Path, scratch: Path, index_url: str | None = None
-) -> Path | None:
-    """The unpatched tree ``--release`` names: None for none, the release of ``tree``'s
-    version made in ``scratch`` through moe-patch's download cache for auto, else the path."""
-    from moe_kernels import FUSED_MOE_REL
-
-    if release == "none":
-        return None
-    if release != "auto":
-        path = Path(release)
-        if not (path / FUSED_MOE_REL).is_file():
-            raise UsageError(
-                f"--release {path} is not a vLLM source tree: it has no {FUSED_MOE_REL}"
-            )
-        return path
-    from moe_kernels.loader import tree_version
-    from packaging.version import InvalidVersion, Version
-
-    from ..harness_trees import build_tree
-
-    said = tree_version(tree)
-    try:  # a local label (a patched wheel's +moe..., a build's +cu128) is the same release
-        version = Version(said).public if said and not Version(said).is_devrelease else None
-    except InvalidVersion:
-        version = None
-    if version is None:
-        what = f"says it is {said}" if said else "does not say which vLLM it is"
-        raise UsageError(
-            f"{tree} {what}, not a vLLM release: name the unpatched tree with --release PATH, "
-            "or --release none"
-        )
-    try:
-        return build_tree(version, scratch / f"vllm-{version}", index_url)
-    except NetworkError as exc:
-        raise NetworkError(
-            f"{exc.message} (--release auto fetches vLLM {version} once into moe-patch's "
-            "cache); or name the unpatched tree with --release PATH, or --release none"
-        ) from None
-
-
-def _print_gains(report: dict, token_counts: list[int]) -> None:
-    """Per M: the release's time (where it was timed), the tree's dispatch, the tuned config,
-    and the tuned config's gain over each."""
-    rows = [report["results"][str(M)] for M in token_counts]
-    against_release = all("release" in row for row in rows)
-    columns = ["release µs"] if against_release else []
-    columns += ["dispatch µs", "tuned µs"]
-    columns += ["vs dispatch", "vs release"] if against_release else ["speed-up"]
-    click.echo("  ".join([f"{'M':>5}", *(f"{c:>11}" for c in columns)]))
-    for M, row in zip(token_counts, rows, strict=True):
-        cells = [row["release"]["us"]] if against_release else []
-        cells = [f"{us:.1f}" for us in [*cells, row["dispatch"]["us"], row["us"]]]
-        cells.append(f"{row['speedup']:.2f}x")
-        if against_release:
-            cells.append(f"{row['speedup_over_release']:.2f}x")
-        click.echo("  ".join([f"{M:>5}", *(f"{c:>11}" for c in cells)]))
 
 
 def _say_discarded(out: Path):
@@ -207,41 +138,17 @@ def command(model, tp, tree, quant, token_counts, routings, seed, out, release, 
     (the report) are written to --out; run the same command again to resume.  Point vLLM
     at the folder with VLLM_TUNED_CONFIG_FOLDER.
     """
-    shape = moe_shape(model, tp)
-    try:
-        from moe_kernels import FUSED_MOE_REL, KernelLoadError, measure, model_tune
-    except ImportError:
-        raise UsageError(KERNELS_MISSING) from None
-    if measure.DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise UsageError(
-            "moe-patch tune times kernels on a CUDA GPU and torch sees none here; run it on "
-            "the GPU that will serve the model (TRITON_INTERPRET=1 runs it on the CPU, for tests)"
-        )
-    if not (tree / FUSED_MOE_REL).is_file():
-        raise UsageError(f"{tree} is not a vLLM source tree: it has no {FUSED_MOE_REL}")
-    token_counts = token_counts or list(measure.VLLM_GRID)
-    kernel_shape = measure.Shape(
-        shape.name, shape.experts, shape.topk, shape.hidden, shape.intermediate
+    tuned = tune(
+        model=model,
+        tree=tree,
+        out=out,
+        tp=tp,
+        quant=quant,
+        token_counts=token_counts,
+        routings=routings,
+        seed=seed,
+        release=release,
+        settings=settings,
+        on_discard=_say_discarded(out),
     )
-    with tempfile.TemporaryDirectory(prefix="moe-patch-tune-") as scratch:
-        release_tree = _release_tree(release, tree, Path(scratch), settings.index_url)
-        with progress(len(token_counts), "tuning") as advance:
-            try:
-                report = model_tune.tune_model(
-                    tree,
-                    kernel_shape,
-                    quant or shape.quant,
-                    token_counts,
-                    out,
-                    routings=routings,
-                    seed=seed,
-                    on_result=lambda row: advance(1),
-                    on_discard=_say_discarded(out),
-                    release=release_tree,
-                    series_version=__version__,
-                )
-            except KernelLoadError as exc:
-                raise UsageError(f"cannot load fused_moe_kernel: {exc}") from None
-    _print_gains(report, token_counts)
-    click.echo(f"wrote {out / report['config_file']}")
-    click.echo(f"export VLLM_TUNED_CONFIG_FOLDER={out.resolve()}")
+    click.echo(render_tune(tuned))

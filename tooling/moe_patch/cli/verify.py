@@ -6,10 +6,10 @@ import json
 
 import click
 
-from ..commands.verify import releases, verify
-from ..errors import EXIT_VERIFY_FAILED, FETCHING, MoePatchError, command_epilog
-from ..report import render_verify
+from ..commands.verify import failure, releases, verify
+from ..errors import EXIT_VERIFY_FAILED, FETCHING, command_epilog
 from .options import index_option, json_option, pass_settings, series_option
+from .render import render_verify, show
 
 
 @click.command(
@@ -67,11 +67,16 @@ def command(
     the kernel tests against the patched tree.
     """
     if list_only:
-        click.echo(json.dumps(releases(settings)))
+        click.echo(json.dumps(releases(settings=settings)))
         return
-    report = verify(list(versions), all_releases, kernels, kernels_python, jobs, settings)
-    click.echo(report.to_json() if as_json else render_verify(report))
-    if not report.ok:
-        failed = [f"{w} {c.name}" for w, c in report.all_checks() if c.status == "fail"]
-        more = f" (+{len(failed) - 4} more)" if len(failed) > 4 else ""
-        raise MoePatchError(f"verify failed: {', '.join(failed[:4])}{more}", EXIT_VERIFY_FAILED)
+    report = verify(
+        versions=list(versions),
+        all_releases=all_releases,
+        kernels=kernels,
+        kernels_python=kernels_python,
+        jobs=jobs,
+        settings=settings,
+    )
+    show(report, as_json, render_verify)
+    if error := failure(report):
+        raise error

@@ -8,8 +8,8 @@ import click
 
 from ..commands.wheel import METHODS, wheel
 from ..errors import EXIT_PATCH_FAILED, FETCHING, command_epilog
-from ..report import render_wheel
 from .options import Folder, index_option, json_option, pass_settings, series_option
+from .render import render_wheel, show
 
 
 @click.command(
@@ -65,5 +65,12 @@ def command(vllm, out_dir, platform, method, no_build_isolation, as_json, settin
     Refuses, with the reason, a series that changes compiled sources or files the
     wheel lacks that matter at run time.
     """
-    result = wheel(vllm, out_dir, platform, settings, method, not no_build_isolation)
-    click.echo(result.to_json() if as_json else render_wheel(result))
+    result = wheel(
+        vllm=vllm,
+        out_dir=out_dir,
+        platform=platform,
+        settings=settings,
+        method=method,
+        build_isolation=not no_build_isolation,
+    )
+    show(result, as_json, render_wheel)

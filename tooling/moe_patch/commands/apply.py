@@ -1,4 +1,5 @@
-"""``moe-patch apply``: a vLLM work tree with the series applied."""
+"""``moe-patch apply``: a vLLM work tree with the series applied, or (``installed``) the
+vLLM installed in an environment patched in place."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import shutil
 from pathlib import Path
 
 from .. import applier, gitutil, gpu_runs, series, sources, trees
-from ..errors import UsageError
-from ..report import ApplyReport
+from ..errors import PatchFailed, UsageError
+from ..installed import InstalledReport
+from ..installed import apply as apply_installed
+from ..report import FAILED, ApplyReport
 from ..settings import Settings
 
 
@@ -20,8 +23,17 @@ def apply(
     only: list[str] | None = None,
     settings: Settings | None = None,
     any_base: bool = False,
-) -> ApplyReport:
+    *,
+    installed: bool = False,
+    target: Path | None = None,
+) -> ApplyReport | InstalledReport:
+    """The series applied to a work tree (``into``), or with ``installed`` (or a ``target``
+    folder) to the installed vLLM (:func:`moe_patch.installed.apply`)."""
     settings = settings or Settings.resolve()
+    if installed or target:
+        if into or source or git_url or in_place:
+            raise UsageError("--installed patches the installed vLLM; drop --into/--source/--git")
+        return apply_installed(target, vllm, settings, only or None)
     index_url = settings.index_url
     if source and git_url:
         raise UsageError("give either --source or --git, not both")
@@ -57,6 +69,18 @@ def apply(
         if work.created and not applier.read_applied(work.path).get("heads"):
             shutil.rmtree(work.path, ignore_errors=True)  # nothing of value was made yet
         raise
+
+
+def failure(report: ApplyReport | InstalledReport) -> PatchFailed | None:
+    """The error ``moe-patch apply`` exits with once it has printed ``report``: the patch that
+    failed to apply to the work tree (an installed vLLM is never left half patched)."""
+    if not isinstance(report, ApplyReport) or report.ok:
+        return None
+    failed = next(o for o in report.outcomes if o.status == FAILED)
+    return PatchFailed(
+        f"patch {failed.id} failed ({failed.detail}); the tree is at the last good commit "
+        f"on {report.branch}; refresh the patch for this release, or leave it out with --only"
+    )
 
 
 def _prepare(version, target: Path, source, git_url, in_place, index_url) -> sources.WorkTree:

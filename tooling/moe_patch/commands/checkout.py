@@ -1,4 +1,4 @@
-"""``moe-patch checkout`` and ``moe-patch export``: the series as commits, and back."""
+"""``moe-patch checkout``: the series as commits on its base release, to edit with git."""
 
 from __future__ import annotations
 
@@ -14,10 +14,3 @@ def checkout(
     settings = settings or Settings.resolve()
     version = trees.resolve_version(vllm, settings.index_url)
     return workflow.checkout(version, into, settings)
-
-
-def export(
-    tree: Path, series_root: Path | None = None, check: bool = False, author: str | None = None
-) -> workflow.ExportResult:
-    """``series_root`` only for a tree ``checkout`` did not make (it records its own)."""
-    return workflow.export_tree(tree, series_root, check, author)

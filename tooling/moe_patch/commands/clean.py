@@ -155,3 +155,15 @@ def _record(report: CleanReport, path: Path, what: str, dry_run: bool) -> None:
     if not dry_run:
         _remove(path)
     report.removed.append({"path": str(path), "bytes": size, "what": what})
+
+
+def failure(report: CleanReport) -> BusyError | None:
+    """The error ``moe-patch clean`` exits with once it has printed ``report``: entries another
+    run is using were kept."""
+    if not report.in_use:
+        return None
+    count = len(report.in_use)
+    return BusyError(
+        f"{count} cache entr{'ies are' if count > 1 else 'y is'} "
+        "in use by another moe-patch run and kept; run clean again when it has finished"
+    )

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__, releases
-from ..errors import UsageError
+from ..errors import EXIT_VERIFY_FAILED, MoePatchError, UsageError
+from ..report import FAIL
 from ..settings import Settings, project_path, require_writable
 
 
@@ -49,3 +50,10 @@ def release(settings: Settings | None = None, version: str = __version__) -> Rel
 def check(settings: Settings | None = None, version: str = __version__) -> releases.Comparison:
     """The series in hand against its last release (what verify's release-version check says)."""
     return releases.compare((settings or Settings.resolve()).series_root, version)
+
+
+def check_failure(result: releases.Comparison) -> MoePatchError | None:
+    """The error ``moe-patch release --check`` exits with once it has printed ``result``."""
+    if result.status != FAIL:
+        return None
+    return MoePatchError("release --check failed", EXIT_VERIFY_FAILED)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .. import verify as engine
-from ..errors import UsageError
+from ..errors import EXIT_VERIFY_FAILED, MoePatchError, UsageError
+from ..report import FAIL
 from ..settings import Settings
 
 
@@ -23,3 +24,13 @@ def verify(
 def releases(settings: Settings | None = None) -> list[str]:
     """The releases ``verify --all`` covers (what a CI matrix runs over)."""
     return engine.supported_releases(settings)
+
+
+def failure(report: engine.VerifyReport) -> MoePatchError | None:
+    """The error ``moe-patch verify`` exits with once it has printed ``report``: the checks
+    that failed, the first four named."""
+    if report.ok:
+        return None
+    failed = [f"{w} {c.name}" for w, c in report.all_checks() if c.status == FAIL]
+    more = f" (+{len(failed) - 4} more)" if len(failed) > 4 else ""
+    return MoePatchError(f"verify failed: {', '.join(failed[:4])}{more}", EXIT_VERIFY_FAILED)

@@ -7,8 +7,11 @@ without one and says so; every other one must pass here.
 
 from __future__ import annotations
 
+import pytest
 from moe_patch import pr_tests, series
 from moe_patch.upstreaming import upstreaming
+
+pytestmark = [pytest.mark.release, pytest.mark.network]  # the oracle fixture downloads trees
 
 
 def test_the_series_upstream_tests_pass_in_the_patched_tree(oracle):
