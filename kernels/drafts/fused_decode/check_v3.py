@@ -1,0 +1,66 @@
+"""The v3 form against the unquantised layer in float64, on the CPU (Triton's
+interpreter) or a GPU: ``python3 kernels/drafts/fused_decode/check_v3.py``."""
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+sys.path.insert(0, str(HERE))
+
+import fp8fix  # noqa: E402
+from load import load_module  # noqa: E402
+from moe_kernels import interpreter_compat  # noqa: E402
+from moe_kernels.quant import quantize_weights  # noqa: E402
+from moe_kernels.reference import dequantize_weights, ref_moe_layer_float  # noqa: E402
+
+interpreter_compat.apply()
+fp8fix.apply()
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16  # no bf16 atomics on the CPU
+CASES = [  # experts, top_k, hidden, intermediate, tokens, scales, SMs
+    (8, 2, 256, 128, 1, "tensor", 4),
+    (16, 4, 384, 320, 16, "channel", 64),
+    (32, 8, 256, 192, 5, "block", 200),
+    (12, 6, 256, 128, 2, "block", 1),
+]
+
+
+def main() -> int:
+    form = load_module(HERE / "fused_v3.py", "fused_v3")
+    failed = 0
+    for experts, top_k, hidden, inter, tokens, mode, sms in CASES:
+        gen = torch.Generator().manual_seed(experts * 7 + tokens)
+        w1 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
+        w2 = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
+        x = torch.randn(tokens, hidden, generator=gen).to(DTYPE)
+        logits = torch.randn(tokens, experts, generator=gen)
+        weights, ids = torch.topk(torch.softmax(logits, -1), top_k, -1)
+        weights = (weights / weights.sum(-1, keepdim=True)).float()
+        block = (128, 128) if mode == "block" else None
+        w1q, s1 = quantize_weights(w1, mode, block)
+        w2q, s2 = quantize_weights(w2, mode, block)
+        w1d, w2d = (
+            dequantize_weights(w1q, s1, mode, block),
+            dequantize_weights(w2q, s2, mode, block),
+        )
+        ref = ref_moe_layer_float(x.double(), w1d, w2d, ids, weights.double())
+        out = torch.full((tokens, hidden), float("nan"), dtype=DTYPE)
+        args = [t.to(DEVICE) for t in (x, w1q, w2q, s1, s2, weights, ids.to(torch.int32), out)]
+        form.fused_moe_decode(
+            *args, per_channel=mode == "channel", block_shape=list(block) if block else None,
+            sm_count=sms,
+        )  # fmt: skip
+        err = float((args[-1].cpu().double() - ref).norm() / ref.norm())
+        failed += not err < 1e-2
+        print(experts, top_k, hidden, inter, tokens, mode, sms, f"{err:.5f}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

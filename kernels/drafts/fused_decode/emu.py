@@ -1,0 +1,29 @@
+"""The v2 form's quantisation points in float64 (harness/moe_kernels.diff has the
+product version, ``reference.ref_moe_layer_decode``)."""
+
+import torch
+
+
+def fp8(x: torch.Tensor) -> torch.Tensor:
+    """Through FP8 and back over the last axis; scale and quotient in float32, as the
+    kernels compute them."""
+    x = x.float()
+    scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-10) / 448.0
+    return (x / scale).to(torch.float8_e4m3fn).double() * scale.double()
+
+
+def emulate(x, w1d, w2d, ids, tw):
+    """Hidden states in FP8 per token and 128 columns; SiLU-and-mul rounded to ``x``'s
+    dtype, then in FP8 per (token, expert) and 128 columns."""
+    tokens, hidden = x.shape
+    inter = w2d.size(2)
+    xq = fp8(x.view(tokens, -1, 128)).view(tokens, hidden)
+    out = torch.zeros(tokens, w2d.size(1), dtype=torch.float64, device=w2d.device)
+    for t in range(tokens):
+        for k in range(ids.size(1)):
+            e = ids[t, k]
+            h = w1d[e] @ xq[t]
+            act = (torch.nn.functional.silu(h[:inter]) * h[inter:]).to(x.dtype)
+            act = torch.cat([fp8(act[i : i + 128]) for i in range(0, inter, 128)])
+            out[t] += tw[t, k] * (w2d[e] @ act)
+    return out
