@@ -790,6 +790,43 @@ def test_a_gpu_only_test_is_listed_not_failed(pr_series, clone, tmp_path, monkey
     assert "`tests/test_gpu.py`: all 1 skipped here (needs an NVIDIA GPU)" in body
 
 
+def test_the_users_interpreter_and_vllm_settings_stay_out_of_the_branch_tests(
+    pr_series, clone, tmp_path, monkeypatch
+):
+    """TRITON_INTERPRET=1 (a CPU test session sets it) would swap vLLM's kernels for
+    interpreted ones that lack their JIT attributes; the branch's tests run as a reviewer's."""
+    root = tmp_path / "env-series"
+    author_series(
+        root,
+        "1.0.0",
+        [
+            {
+                "id": "env",
+                "edit": {"vllm/extra.py": "FEATURE = True\n"},
+                "trailers": _trailers("Upstream-Test: tests/test_env.py"),
+            }
+        ],
+    )
+    (root / "upstream" / "tests").mkdir(parents=True)
+    (root / "upstream" / "tests" / "test_env.py").write_text(
+        "import os\n\nfrom vllm import extra\n\n\n"
+        "def test_run_as_a_reviewer_runs_it():\n"
+        "    assert extra.FEATURE\n"
+        "    assert 'TRITON_INTERPRET' not in os.environ\n"
+        "    assert 'VLLM_FEATURE_OFF' not in os.environ\n"
+    )
+    monkeypatch.setenv("MOE_PATCH_SERIES", str(root))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("VLLM_FEATURE_OFF", "1")
+    report = pr.prepare(clone, "v1.0.0", tmp_path / "o")
+    tests = {c.name: c for c in report.outcomes[0].checks}["tests"]
+    assert (tests.status, tests.detail) == (
+        "pass",
+        "tests/test_env.py: on v1.0.0 1 failed (ImportError: cannot import name 'extra' from "
+        "'vllm' (__init__.py)); on the branch 1 passed",
+    )
+
+
 def test_without_a_python_for_the_tests_the_tests_item_fails(
     pr_series, clone, tmp_path, monkeypatch
 ):

@@ -36,6 +36,7 @@ import git
 from . import gitutil
 
 PYTHON_VARIABLE = "MOE_PATCH_PR_PYTHON"
+_NOT_PASSED_ON = ("MOE_PATCH_DEBUG", "TRITON_INTERPRET")
 TIMEOUT_S = 1800
 # Finds pytest and torch without importing torch (seconds), unless its build may have CUDA.
 _PROBE = """
@@ -122,11 +123,12 @@ def _env(tree: Path | None, gpu: bool = True) -> dict[str, str]:
     """The user's environment without what would steer Python or vLLM elsewhere.  Without
     a GPU, CUDA_VISIBLE_DEVICES is set empty, as a GPU worker without a device yet has it:
     vLLM then keeps the real Triton (its kernels' JIT attributes can be tested) instead of
-    a placeholder."""
+    a placeholder.  TRITON_INTERPRET stays out too: it swaps every ``@triton.jit`` kernel
+    for an interpreted one without those attributes, which is not what a reviewer runs."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("VLLM_", "PYTHON", "PYTEST_")) and k != "MOE_PATCH_DEBUG"
+        if not k.startswith(("VLLM_", "PYTHON", "PYTEST_")) and k not in _NOT_PASSED_ON
     }
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     if tree is not None:
