@@ -19,6 +19,7 @@ and rebase sweeps also check that many of their kills left git's own lock files 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -316,3 +317,29 @@ def test_kill_wheel(world, tmp_path):
         assert (dist / built.name).read_bytes() == built.read_bytes(), point
         assert left_behind(beside=[dist], cache=cache, temporary=world["tmp"]) == [], point
         shutil.rmtree(dist)
+
+
+def test_kill_verify(world, tmp_path):
+    """``verify`` over both releases, from a warm cache: its throwaway release trees live in
+    the cache's scratch, so a killed run's are swept by the next run."""
+    env, log = world["env"], tmp_path / "boundaries"
+    args = ["verify", "--jobs", "1", "--json"]
+    boundaries(["apply", "--vllm", "1.1.0", "--into", str(tmp_path / "warm")], env, log)
+    warm_cache = Path(env["MOE_PATCH_CACHE"])
+    reference = _verdicts(cli(args, env))
+    plan = choose(boundaries(args, env, log), POINTS // 2)
+
+    for point in plan:
+        cache = _fresh_cache(env, tmp_path / "cache-point", warm_cache)
+        kill(args, env, point)
+        assert _verdicts(cli(args, env, point)) == reference, point
+        assert left_behind(cache=cache, temporary=world["tmp"]) == [], point
+
+
+def _verdicts(done: subprocess.CompletedProcess) -> dict:
+    """verify's JSON report without its timings."""
+    report = json.loads(done.stdout)
+    report.pop("elapsed_s")
+    for release in report["releases"]:
+        release.pop("seconds")
+    return report

@@ -3,11 +3,13 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
 import pytest
 from click.testing import CliRunner
+from killhook import run_killed
 from moe_patch import contribution, pr, pr_checks, pr_description, pr_tests, series
 from moe_patch.cli import main
 from moe_patch.errors import StateError, UsageError
@@ -1109,3 +1111,23 @@ def test_the_shipped_patch_messages_say_what_and_why_without_figures():
             assert pr_checks._FIGURE.findall("\n".join(body)) == [], patch.path
             checked += 1
     assert checked >= 12
+
+
+@pytest.mark.parametrize("during", ["worktree add", "-m pytest"])
+def test_a_killed_pr_leaves_nothing_the_next_run_keeps(pr_series, clone, tmp_path, cli_env, during):
+    """Killed while a branch's tests get their scratch trees or run: the next run of the
+    same command succeeds, and no scratch tree or worktree record of the killed one stays."""
+    scratch = tmp_path / "cache" / "scratch"
+    cli_env = dict(cli_env, MOE_PATCH_CACHE=str(scratch.parent))
+    out = tmp_path / "prs"
+    args = ["pr", "--source", str(clone), "--onto", "v1.0.0", "--out", str(out)]
+    killed = run_killed(args, cli_env, on=f"{during}#2", during=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert list(scratch.iterdir())  # what the killed run left
+    done = subprocess.run(
+        [sys.executable, "-c", "from moe_patch.cli import main; main()", *args],
+        env=cli_env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not list(scratch.iterdir())
+    assert git(clone, "worktree", "list", "--porcelain").count("worktree ") == 1

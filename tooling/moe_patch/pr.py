@@ -254,12 +254,12 @@ def _commit(work: Path, base: str, message: str, name: str, email: str) -> str:
     }
     gitutil.run(work, "add", "-A")
     tree_id = gitutil.run(work, "write-tree")
-    with tempfile.NamedTemporaryFile("wb", prefix="moe-patch-msg-", delete=False) as handle:
+    with tempfile.TemporaryFile() as handle:  # unlinked at once: nothing left if killed
         handle.write(message.encode("utf-8"))
-    try:
-        commit = gitutil.run(work, "commit-tree", tree_id, "-p", base, "-F", handle.name, env=env)
-    finally:
-        Path(handle.name).unlink(missing_ok=True)
+        handle.seek(0)
+        commit = gitutil.run(
+            work, "commit-tree", tree_id, "-p", base, "-F", "-", env=env, istream=handle
+        )
     gitutil.run(work, "reset", "-q", "--hard", commit)
     return commit
 

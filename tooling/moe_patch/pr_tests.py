@@ -33,7 +33,7 @@ from pathlib import Path
 
 import git
 
-from . import gitutil
+from . import cache, gitutil
 
 PYTHON_VARIABLE = "MOE_PATCH_PR_PYTHON"
 _NOT_PASSED_ON = ("MOE_PATCH_DEBUG", "TRITON_INTERPRET")
@@ -140,18 +140,35 @@ def _env(tree: Path | None, gpu: bool = True) -> dict[str, str]:
 
 @contextlib.contextmanager
 def scratch_tree(repo: Path, commit: str):
-    """A detached worktree of ``repo`` at ``commit`` in a temporary folder, removed after."""
-    holder = Path(tempfile.mkdtemp(prefix="moe-patch-pr-tests-"))
-    path = holder / "vllm"
-    gitutil.run(repo, "worktree", "add", "-q", "--detach", str(path), commit)
-    try:
-        yield path
-    finally:
-        with contextlib.suppress(git.GitCommandError):
-            gitutil.run(repo, "worktree", "remove", "--force", str(path))
-        shutil.rmtree(holder, ignore_errors=True)
-        with contextlib.suppress(git.GitCommandError):
-            gitutil.run(repo, "worktree", "prune")
+    """A detached worktree of ``repo`` at ``commit`` in the cache's scratch, removed after
+    (a killed run's is swept by the next run and by ``moe-patch clean``; the worktree's
+    record in ``repo`` is pruned by the next ``pr``)."""
+    with cache.scratch("prtests") as holder:
+        path = holder / "vllm"
+        _forget_swept_trees(repo, holder.parent)
+        gitutil.run(repo, "worktree", "add", "-q", "--detach", str(path), commit)
+        try:
+            yield path
+        finally:
+            with contextlib.suppress(git.GitCommandError):
+                gitutil.run(repo, "worktree", "remove", "--force", str(path))
+            shutil.rmtree(path, ignore_errors=True)
+            with contextlib.suppress(git.GitCommandError):
+                gitutil.run(repo, "worktree", "prune")
+
+
+def _forget_swept_trees(repo: Path, scratch: Path) -> None:
+    """Drop ``repo``'s records of scratch trees a killed run left, once swept: git keeps a
+    worktree killed while being added locked ("initializing"), which ``prune`` skips."""
+    with contextlib.suppress(git.GitCommandError):
+        listing = gitutil.run(repo, "worktree", "list", "--porcelain")
+        for line in listing.splitlines():
+            path = Path(line.removeprefix("worktree "))
+            ours = path.is_relative_to(scratch) or path.is_relative_to(scratch.resolve())
+            if line.startswith("worktree ") and ours and not path.exists():
+                with contextlib.suppress(git.GitCommandError):
+                    gitutil.run(repo, "worktree", "unlock", str(path))
+        gitutil.run(repo, "worktree", "prune")
 
 
 def run_tests(tree: Path, python: Python, tests: list[str]) -> Run:

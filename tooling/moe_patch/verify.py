@@ -44,6 +44,7 @@ from packaging.version import Version
 
 from . import (
     applier,
+    cache,
     export,
     gitutil,
     index,
@@ -502,8 +503,9 @@ def verify(
     jobs = max(1, jobs or os.cpu_count() or 1)
     report = VerifyReport(jobs=jobs)
     exported: dict[str, Check] = {}
-    workdir = Path(tempfile.mkdtemp(prefix="moe-patch-verify-"))
-    try:
+    # Under the cache, named for this run: a killed verify's trees are swept by the next
+    # run that makes scratch and by `moe-patch clean`.
+    with cache.scratch("verify") as workdir:
         ordered = sorted(plan.values(), key=lambda j: Version(j.version))
         arguments = (settings, kernels, kernels_python, workdir)
         if jobs == 1 or len(ordered) == 1:
@@ -521,8 +523,6 @@ def verify(
                 report.releases.append(result)
             if check:
                 exported[job.version] = check
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
     for base in bases:
         checks = [check_integrity(base, root)]
         why = f"vLLM {base} is not on the package index yet" if base in unreleased else "not run"
