@@ -9,7 +9,7 @@ that rotates over the harness's weight copies: each fused form and config of ``S
 ``LABEL:gemms``, the tree's two ``fused_moe_kernel`` launches on inputs quantised
 beforehand (what any unfused path spends at least); ``LABEL:layer``, the harness's layer
 with its torch glue (more launches than vLLM's glue).  The fused forms are checked first:
-v2 against its own quantisation points in float64, v3 against the unquantised layer.
+v2 against its own quantisation points in float64, v3 and v4 against the unquantised layer.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ fp8fix.apply()
 FORMS = {
     "v2": load_module(HERE / "two_launch_v2.py", "two_launch_v2"),
     "v3": load_module(HERE / "fused_v3.py", "fused_v3"),
+    "v4": load_module(HERE / "fused_v4.py", "fused_v4"),
 }
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 4
 SWEEP = [
@@ -74,6 +75,10 @@ SWEEP = [
     ("v3", {"block_h": 128}),
     ("v3", {"programs_per_sm": 2}),
     ("v3", {"up_stages": 4, "down_stages": 3}),
+    ("v4", {}),
+    ("v4", {"block_h": 128}),
+    ("v4", {"programs_per_sm": 2}),
+    ("v4", {"block_i": 32, "min_steps": 2}),
 ]
 CALLS = {"fused": 64, "gemms": 64, "layer": 16}  # per graph
 

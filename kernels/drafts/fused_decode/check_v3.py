@@ -1,5 +1,5 @@
-"""The v3 form against the unquantised layer in float64, on the CPU (Triton's
-interpreter) or a GPU: ``python3 kernels/drafts/fused_decode/check_v3.py``."""
+"""The v3 and v4 forms against the unquantised layer in float64, on the CPU (Triton's
+interpreter) or a GPU: ``python3 kernels/drafts/fused_decode/check_v3.py [v3|v4]``."""
 
 import os
 import sys
@@ -23,18 +23,22 @@ interpreter_compat.apply()
 fp8fix.apply()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16  # no bf16 atomics on the CPU
-CASES = [  # experts, top_k, hidden, intermediate, tokens, scales, SMs
-    (8, 2, 256, 128, 1, "tensor", 4),
-    (16, 4, 384, 320, 16, "channel", 64),
-    (32, 8, 256, 192, 5, "block", 200),
-    (12, 6, 256, 128, 2, "block", 1),
+CASES = [  # experts, top_k, hidden, intermediate, tokens, scales, SMs, options
+    (8, 2, 256, 128, 1, "tensor", 4, {}),
+    (16, 4, 384, 320, 16, "channel", 64, {}),
+    (32, 8, 256, 192, 5, "block", 200, {}),
+    (12, 6, 256, 128, 2, "block", 1, {}),
+    # K split in both launches (v4: three and two splits of the first launch's K)
+    (8, 2, 768, 192, 1, "block", 200, {"min_steps": 2}),
+    (16, 4, 640, 320, 3, "tensor", 200, {"min_steps": 2}),
 ]
 
 
 def main() -> int:
-    form = load_module(HERE / "fused_v3.py", "fused_v3")
+    name = sys.argv[1] if len(sys.argv) > 1 else "v3"
+    form = load_module(HERE / f"fused_{name}.py", f"fused_{name}")
     failed = 0
-    for experts, top_k, hidden, inter, tokens, mode, sms in CASES:
+    for experts, top_k, hidden, inter, tokens, mode, sms, options in CASES:
         gen = torch.Generator().manual_seed(experts * 7 + tokens)
         w1 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
         w2 = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
@@ -54,7 +58,7 @@ def main() -> int:
         args = [t.to(DEVICE) for t in (x, w1q, w2q, s1, s2, weights, ids.to(torch.int32), out)]
         form.fused_moe_decode(
             *args, per_channel=mode == "channel", block_shape=list(block) if block else None,
-            sm_count=sms,
+            sm_count=sms, **options,
         )  # fmt: skip
         err = float((args[-1].cpu().double() - ref).norm() / ref.norm())
         failed += not err < 1e-2
