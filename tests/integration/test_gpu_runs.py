@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from moe_patch import gpu_runs, series
+from moe_patch import gpu_runs, pr_tests, series
 from moe_patch.cli import main
 from moe_patch.errors import UsageError
 from wheel_support import add_wheel
@@ -117,6 +117,14 @@ def test_every_recorded_gpu_run_is_what_its_result_file_shows(base, entry):
         assert patched and all(v["returncode"] == 0 for v in patched)
         assert all(v["result"]["vllm_version"].startswith(f"{entry.vllm}+moe.") for v in patched)
         assert entry.date in {v["started_at"][:10] for v in patched}
+    elif entry.kind == "branch-tests":
+        shown = json.loads(path.read_text())
+        assert shown["parent_describe"] == f"v{entry.vllm}" and shown["gpu"] == entry.gpu
+        assert shown["moe_patch_version"] == entry.series_version
+        assert entry.date == shown["date"][:10]
+        assert _recomputed_verdicts(shown) == shown["verdicts"]
+        assert shown["verdicts"] and all(v["shown"] is True for v in shown["verdicts"])
+        assert "on a GPU" in shown["python"]
     else:
         text = path.read_text()
         assert text.splitlines()[0].startswith(entry.gpu)
@@ -124,3 +132,29 @@ def test_every_recorded_gpu_run_is_what_its_result_file_shows(base, entry):
         summary = re.search(r"^(\d+) passed(.*) in [\d.]+s$", text, re.MULTILINE)
         assert summary and "failed" not in summary.group(2) and "error" not in summary.group(2)
         assert text.rstrip().endswith("pytest rc=0")
+
+
+def _recomputed_verdicts(record: dict) -> list[dict]:
+    """What ``moe-patch pr`` makes of a branch-tests record's two runs."""
+    runs = {}
+    for side in ("on_base", "on_branch"):
+        files = {t: pr_tests.FileResult(**r) for t, r in record[side]["files"].items()}
+        runs[side] = pr_tests.Run(**{**record[side], "files": files})
+    evidence = pr_tests.Evidence(record["tests"], record["parent_describe"], record["python"],
+                                 runs["on_base"], runs["on_branch"])  # fmt: skip
+    return [{"test": t, "shown": ok, "detail": why} for t, ok, why in evidence.verdicts()]
+
+
+def test_a_branch_test_run_that_failed_on_the_branch_is_kept_and_not_listed():
+    """The split-K test as released in 0.3.0 failed on an H100 on the branch too: its record
+    says so (recomputed), and no series lists it as a GPU run."""
+    name = "branch-tests/h100-v0.33.0-swap-ab-split-k-0.3.0.json"
+    record = json.loads((RESULTS / name).read_text())
+    assert _recomputed_verdicts(record) == record["verdicts"]
+    [verdict] = record["verdicts"]
+    assert verdict["shown"] is False and verdict["detail"].startswith("fails on the branch")
+    assert record["on_base"]["files"][verdict["test"]]["failed"] == 4
+    assert "on a GPU" in record["python"] and record["gpu"].startswith("NVIDIA H100")
+    listed = {e.result for base in series.bases(ROOT / "patches")
+              for e in gpu_runs.runs(ROOT / "patches" / f"v{base}")}  # fmt: skip
+    assert name not in listed

@@ -6,6 +6,7 @@ Each branch's new tests run on its base and on it with the release's oracle envi
 the same one the oracle tests build, so CI builds it once.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -19,7 +20,16 @@ from moe_patch.settings import Settings
 sys.path.insert(0, str(Path(__file__).with_name("oracle")))
 import venvs  # noqa: E402  (the oracle tier's environments)
 
+sys.path.insert(0, str(Path(__file__).parent))
+import gpu_branch_tests  # noqa: E402  (the GPU-only tests' runs on a GPU machine)
+
 pytestmark = [pytest.mark.release, pytest.mark.network]
+
+BRANCH_TESTS = Path(__file__).resolve().parents[2] / "kernels" / "results" / "branch-tests"
+# Bases on which no GPU run shows today's GPU-only branch tests yet (the test below): on
+# 0.33.0 the split-K test as released in 0.3.0 failed on an H100 (it compared two FP8 runs
+# element by element); its fix has not run on a GPU; 0.34.0 never has.
+NOT_YET_SHOWN_ON_A_GPU = {"0.33.0", "0.34.0"}
 
 # The branches of the 0.25+ series (0.33.0) and of the 0.34.0 series, in merge order.
 ORDER = [
@@ -170,3 +180,24 @@ def test_no_git_identity_is_refused_and_changes_nothing(made, tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
     assert git(clone, "for-each-ref", env=plain) == refs
     assert not (clone / ".git" / "moe-patch-pr").exists()
+
+
+def test_the_gpu_only_tests_were_shown_on_a_gpu_for_these_very_branches(made):
+    """CI has no GPU: a branch whose new tests need one was run on a GPU machine
+    (``gpu_branch_tests.py``), and the record is of the change this branch makes today."""
+    version, work, report, *_ = made
+    records = [json.loads(path.read_text()) for path in BRANCH_TESTS.glob("*.json")]
+    gpu_only = [o for o in report.outcomes
+                if {c.name: c for c in o.checks}["tests"].detail.startswith("GPU-only")]  # fmt: skip
+    assert [o.id for o in gpu_only] == ["swap-ab-split-k"]
+    for outcome in gpu_only:
+        parent = git(work, "rev-parse", f"{outcome.branch}^")
+        today = gpu_branch_tests.diff_sha256(work, parent, outcome.branch)
+        of_today = [r for r in records if r["parent_describe"] == f"v{version}"
+                    and r["branch"] == outcome.branch and r["diff_sha256"] == today]  # fmt: skip
+        shown = [r for r in of_today if all(v["shown"] is True for v in r["verdicts"])]
+        if version in NOT_YET_SHOWN_ON_A_GPU:
+            assert not shown, "a GPU run shows it: take the base off NOT_YET_SHOWN_ON_A_GPU"
+            continue
+        assert shown, f"no GPU run shows {outcome.branch} on v{version}: run it (gpu_branch_tests)"
+        assert all(r["tests"] == outcome.tests for r in shown)

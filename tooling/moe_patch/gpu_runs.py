@@ -1,6 +1,7 @@
 """Which series have run on a GPU: facts kept beside each series, read, never assumed.
 
-A series base that has served a model or run the kernel tests on a GPU lists those runs in
+A series base that has served a model, run the kernel tests or run its pull-request
+branches' GPU-only tests (``tests/release/gpu_branch_tests.py``) on a GPU lists those runs in
 ``v<base>/gpu-runs.json``, each naming the committed result file that shows it::
 
     {"runs": [{"kind": "served", "vllm": "0.21.0", "gpu": "NVIDIA H200", "date": "2026-12-03",
@@ -22,7 +23,11 @@ from . import ui
 from .errors import UsageError
 
 RUNS_FILE = "gpu-runs.json"
-KINDS = {"served": "served a model", "kernel-tests": "ran the kernel tests"}
+KINDS = {
+    "served": "served a model",
+    "kernel-tests": "ran the kernel tests",
+    "branch-tests": "ran its pull-request branches' GPU tests on their base and on them",
+}
 
 
 @dataclass(frozen=True)

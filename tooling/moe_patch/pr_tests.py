@@ -38,6 +38,7 @@ from . import cache, gitutil
 PYTHON_VARIABLE = "MOE_PATCH_PR_PYTHON"
 _NOT_PASSED_ON = ("MOE_PATCH_DEBUG", "TRITON_INTERPRET")
 TIMEOUT_S = 1800
+OUTPUT_TAIL_CHARS = 6000
 # Finds pytest and torch without importing torch (seconds), unless its build may have CUDA.
 _PROBE = """
 import importlib.metadata, importlib.util, sys
@@ -73,6 +74,7 @@ class Run:
     returncode: int = 0
     without_conftest: bool = False
     problem: str = ""  # pytest did not report (crashed, timed out)
+    output_tail: str = ""  # the end of what pytest printed, for a record of the run
 
 
 def find_python(source: Path, given: str | None) -> tuple[Python | None, str]:
@@ -198,9 +200,10 @@ def _pytest(tree: Path, python: Python, tests: list[str], conftest: bool) -> Run
         except OSError as exc:
             return Run(returncode=127, problem=f"pytest did not start: {exc.strerror}")
         output = (done.stdout or "") + (done.stderr or "")
+        tail = output[-OUTPUT_TAIL_CHARS:]
         if not report.is_file():
-            return Run(returncode=done.returncode, problem=_first_line(output))
-        run = Run(returncode=done.returncode)
+            return Run(returncode=done.returncode, problem=_first_line(output), output_tail=tail)
+        run = Run(returncode=done.returncode, output_tail=tail)
         _read_junit(report, tests, run)
         if not any(r.passed or r.failed or r.skipped for r in run.files.values()):
             run.problem = _first_line(output)
