@@ -1,14 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """fused_moe_kernel honours a config's SPLIT_K for FP8 W8A8: the K loop is split
-over grid axis 1 and the partial tiles are added atomically, giving the output of
-the unsplit kernel (per-tensor and 128x128-block scales).
+over grid axis 1 and the partial tiles are added atomically, and the layer is as
+accurate against a float32 reference as with the unsplit kernel (per-tensor and
+128x128-block scales).
 
 Run `pytest tests/kernels/moe/test_fused_moe_split_k_kernel.py`.
 """
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.kernels.moe.utils import fused_moe
 from vllm.config import VllmConfig, set_current_vllm_config
@@ -57,10 +59,27 @@ def _weights(e: int, n: int, k: int, block: bool):
     return w, scale
 
 
+def _dequantize(w: torch.Tensor, scale: torch.Tensor, block: bool) -> torch.Tensor:
+    if block:
+        return w.float() * scale.repeat_interleave(128, 1).repeat_interleave(128, 2)
+    return w.float() * scale.view(-1, 1, 1)
+
+
+def _reference(a, w1, w2, score, topk):
+    """The layer in float32 from dequantized weights and unquantized activations."""
+    weights, ids = torch.topk(torch.softmax(score.float(), dim=-1), topk)
+    out = torch.zeros(a.shape, dtype=torch.float32, device=a.device)
+    for t in range(a.shape[0]):
+        for weight, e in zip(weights[t], ids[t]):
+            gate, up = (w1[e] @ a[t].float()).chunk(2)
+            out[t] += weight * (w2[e] @ (F.silu(gate) * up))
+    return out
+
+
 @pytest.mark.parametrize("block", [False, True], ids=["per-tensor", "block"])
 @pytest.mark.parametrize("m", [1, 4])
 @torch.inference_mode()
-def test_split_k_matches_the_unsplit_kernel(
+def test_split_k_is_as_accurate_as_the_unsplit_kernel(
     monkeypatch: pytest.MonkeyPatch, block: bool, m: int
 ):
     torch.manual_seed(0)
@@ -86,4 +105,19 @@ def test_split_k_matches_the_unsplit_kernel(
     # The first GEMM's grid (a few experts x 512 / 64 programs) is smaller than
     # the GPU, so the second pass split it.
     assert 4 in spy.split_k[2:]
-    torch.testing.assert_close(outputs[4], outputs[1], atol=2e-2, rtol=2e-2)
+    reference = _reference(
+        a,
+        _dequantize(w1, w1_scale, block),
+        _dequantize(w2, w2_scale, block),
+        score,
+        topk,
+    )
+    error = {
+        split_k: ((out.float() - reference).norm() / reference.norm()).item()
+        for split_k, out in outputs.items()
+    }
+    # Both runs quantize the intermediate to FP8: the split's other rounding of the
+    # first GEMM moves some of its values by one FP8 step, so the two outputs differ
+    # element by element by more than bf16 would; the split must be as accurate.
+    assert error[1] < 0.1, error
+    assert error[4] < 1.2 * error[1], error
