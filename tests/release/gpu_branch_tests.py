@@ -62,9 +62,9 @@ IDENTITY = {
 }
 
 
-def git(cwd: Path, *args: str, stdin: bytes | None = None) -> str:
+def git(cwd: Path, *args: str) -> str:
     done = subprocess.run(
-        ["git", *args], cwd=cwd, input=stdin, capture_output=True, env={**os.environ, **IDENTITY}
+        ["git", *args], cwd=cwd, capture_output=True, env={**os.environ, **IDENTITY}
     )
     if done.returncode != 0:
         sys.exit(f"git {args[0]} failed in {cwd}: {done.stderr.decode().strip()}")
