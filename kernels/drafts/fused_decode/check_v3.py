@@ -1,5 +1,8 @@
-"""The v3 and v4 forms against the unquantised layer in float64, on the CPU (Triton's
-interpreter) or a GPU: ``python3 kernels/drafts/fused_decode/check_v3.py [v3|v4]``."""
+"""The v3, v4 and v5 forms against the layer in float64, on the CPU (Triton's interpreter)
+or a GPU: ``python3 kernels/drafts/fused_decode/check_v3.py [v3|v4|v5]``.  v3 and v4 keep
+the activations unquantised and are held to the unquantised layer; v5 quantises them to FP8
+(per token and 128 columns in, per token and ``block_i`` columns between the GEMMs) and is
+held to the layer with those quantisation points, its distance to the unquantised one shown."""
 
 import os
 import sys
@@ -14,6 +17,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 
 import fp8fix  # noqa: E402
+from emu import emulate  # noqa: E402
 from load import load_module  # noqa: E402
 from moe_kernels import interpreter_compat  # noqa: E402
 from moe_kernels.quant import quantize_weights  # noqa: E402
@@ -61,8 +65,13 @@ def main() -> int:
             sm_count=sms, **options,
         )  # fmt: skip
         err = float((args[-1].cpu().double() - ref).norm() / ref.norm())
+        shown = f"{err:.5f}"
+        if name == "v5":  # held to its own quantisation points
+            own = emulate(x, w1d, w2d, ids, weights.double(), options.get("block_i", 64), False)
+            shown += f" own {float((args[-1].cpu().double() - own).norm() / own.norm()):.5f}"
+            err = float((args[-1].cpu().double() - own).norm() / own.norm())
         failed += not err < 1e-2
-        print(experts, top_k, hidden, inter, tokens, mode, sms, f"{err:.5f}", flush=True)
+        print(experts, top_k, hidden, inter, tokens, mode, sms, shown, flush=True)
     return 1 if failed else 0
 
 

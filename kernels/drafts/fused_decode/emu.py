@@ -1,4 +1,4 @@
-"""The v2 form's quantisation points in float64 (harness/moe_kernels.diff has the
+"""The v2 and v5 forms' quantisation points in float64 (harness/moe_kernels.diff has the
 product version, ``reference.ref_moe_layer_decode``)."""
 
 import torch
@@ -12,9 +12,9 @@ def fp8(x: torch.Tensor) -> torch.Tensor:
     return (x / scale).to(torch.float8_e4m3fn).double() * scale.double()
 
 
-def emulate(x, w1d, w2d, ids, tw):
-    """Hidden states in FP8 per token and 128 columns; SiLU-and-mul rounded to ``x``'s
-    dtype, then in FP8 per (token, expert) and 128 columns."""
+def emulate(x, w1d, w2d, ids, tw, group=128, rounded=True):
+    """Hidden states in FP8 per token and 128 columns; SiLU-and-mul (rounded to ``x``'s
+    dtype first where ``rounded``: v2) in FP8 per (token, expert) and ``group`` columns."""
     tokens, hidden = x.shape
     inter = w2d.size(2)
     xq = fp8(x.view(tokens, -1, 128)).view(tokens, hidden)
@@ -23,7 +23,8 @@ def emulate(x, w1d, w2d, ids, tw):
         for k in range(ids.size(1)):
             e = ids[t, k]
             h = w1d[e] @ xq[t]
-            act = (torch.nn.functional.silu(h[:inter]) * h[inter:]).to(x.dtype)
-            act = torch.cat([fp8(act[i : i + 128]) for i in range(0, inter, 128)])
+            act = torch.nn.functional.silu(h[:inter]) * h[inter:]
+            act = act.to(x.dtype) if rounded else act
+            act = torch.cat([fp8(act[i : i + group]) for i in range(0, inter, group)])
             out[t] += tw[t, k] * (w2d[e] @ act)
     return out
