@@ -66,6 +66,17 @@ def test_with_a_record_they_do_not_and_list_shows_it(fake_index, series_root, tm
     }
 
 
+def test_a_branch_test_run_alone_does_not_count_as_the_series_on_a_gpu(
+    fake_index, series_root, tmp_path
+):
+    record(series_root, {**RUN, "kind": "branch-tests", "result": "branch-tests/x.json"})
+    fake_index.add("1.0.0")
+    applied = run("apply", "--vllm", "1.0.0", "--into", str(tmp_path / "t"))
+    assert applied.exit_code == 0, applied.output
+    assert UNVERIFIED in applied.stderr
+    assert "not run on a GPU yet" in run("list").stdout
+
+
 def test_list_names_the_series_that_never_ran_on_a_gpu(series_root):
     (series_root / "v1.0.0" / gpu_runs.RUNS_FILE).unlink()
     assert "not run on a GPU yet" in run("list").stdout

@@ -28,6 +28,8 @@ KINDS = {
     "kernel-tests": "ran the kernel tests",
     "branch-tests": "ran its pull-request branches' GPU tests on their base and on them",
 }
+# The kinds that ran the whole series; a branch's tests exercise one patch on its own.
+WHOLE_SERIES = ("served", "kernel-tests")
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def runs(directory: Path) -> list[GpuRun]:
 
 def summary(directory: Path) -> str:
     """One line: the strongest GPU evidence of a series, or that there is none."""
-    found = runs(directory)
+    found = [r for r in runs(directory) if r.kind in WHOLE_SERIES]
     if not found:
         return "not run on a GPU yet"
     best = max(found, key=lambda r: (r.kind == "served", r.date))
@@ -74,7 +76,7 @@ def summary(directory: Path) -> str:
 
 def warn_if_unverified(directory: Path, version: str) -> None:
     """The one line ``apply`` and ``wheel`` print for a series that never ran on a GPU."""
-    if not runs(directory):
+    if not any(r.kind in WHOLE_SERIES for r in runs(directory)):
         ui.warn(
             f"the series for vLLM {version} ({Path(directory).name}/) has not run on a GPU yet: "
             "it passes verify and the kernel tests on a CPU only"
