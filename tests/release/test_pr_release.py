@@ -26,10 +26,6 @@ import gpu_branch_tests  # noqa: E402  (the GPU-only tests' runs on a GPU machin
 pytestmark = [pytest.mark.release, pytest.mark.network]
 
 BRANCH_TESTS = Path(__file__).resolve().parents[2] / "kernels" / "results" / "branch-tests"
-# Bases on which no GPU run shows today's GPU-only branch tests yet (the test below): on
-# 0.33.0 the split-K test as released in 0.3.0 failed on an H100 (it compared two FP8 runs
-# element by element); its fix has not run on a GPU; 0.34.0 never has.
-NOT_YET_SHOWN_ON_A_GPU = {"0.33.0", "0.34.0"}
 
 # The branches of the 0.25+ series (0.33.0) and of the 0.34.0 series, in merge order.
 ORDER = [
@@ -196,8 +192,5 @@ def test_the_gpu_only_tests_were_shown_on_a_gpu_for_these_very_branches(made):
         of_today = [r for r in records if r["parent_describe"] == f"v{version}"
                     and r["branch"] == outcome.branch and r["diff_sha256"] == today]  # fmt: skip
         shown = [r for r in of_today if all(v["shown"] is True for v in r["verdicts"])]
-        if version in NOT_YET_SHOWN_ON_A_GPU:
-            assert not shown, "a GPU run shows it: take the base off NOT_YET_SHOWN_ON_A_GPU"
-            continue
         assert shown, f"no GPU run shows {outcome.branch} on v{version}: run it (gpu_branch_tests)"
         assert all(r["tests"] == outcome.tests for r in shown)
