@@ -35,6 +35,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -194,6 +195,15 @@ def _rebuild(packed: Path, entry: dict, scratch: Path) -> tuple[Path, str, str]:
     return repo, base, git(repo, "rev-parse", "HEAD")
 
 
+# Where the GPU machine keeps its packages: pytest's warnings name files there.
+SITE_PACKAGES = re.compile(r"(?:\.\./)*/?(?:[\w.-]+/)*site-packages/")
+
+
+def _anonymous(output: str) -> str:
+    """pytest's output without the GPU machine's paths (a record names no machine)."""
+    return SITE_PACKAGES.sub("<site-packages>/", output)
+
+
 def _gpu_name(python: str) -> str:
     probe = "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else '')"
     done = subprocess.run([python, "-c", probe], capture_output=True, text=True)
@@ -221,7 +231,7 @@ def run(packed: Path, python_path: str, out: Path) -> int:
             )
             for side in (evidence.base, evidence.branch):
                 if side is not None:
-                    side.output_tail = side.output_tail.replace(scratch, "<scratch>")
+                    side.output_tail = _anonymous(side.output_tail.replace(scratch, "<scratch>"))
         verdicts = evidence.verdicts()
         failed += sum(ok is not True for _, ok, _ in verdicts)
         record = {

@@ -194,3 +194,17 @@ def test_the_gpu_only_tests_were_shown_on_a_gpu_for_these_very_branches(made):
         shown = [r for r in of_today if all(v["shown"] is True for v in r["verdicts"])]
         assert shown, f"no GPU run shows {outcome.branch} on v{version}: run it (gpu_branch_tests)"
         assert all(r["tests"] == outcome.tests for r in shown)
+
+
+def test_a_gpu_record_names_no_path_of_the_gpu_machine():
+    """pytest's warnings name the files of the machine's packages, in both forms it uses."""
+    output = (
+        "../../../../opt/torch/.venv/lib/python3.12/site-packages/torch/jit/_script.py:365: 1\n"
+        "  /usr/lib/python3/dist-packages/../site-packages/torch/x.py:2: DeprecationWarning\n"
+        "tests/kernels/moe/test_fused_moe_split_k_kernel.py:107: AssertionError\n"
+    )
+    assert gpu_branch_tests._anonymous(output) == (
+        "<site-packages>/torch/jit/_script.py:365: 1\n"
+        "  <site-packages>/torch/x.py:2: DeprecationWarning\n"
+        "tests/kernels/moe/test_fused_moe_split_k_kernel.py:107: AssertionError\n"
+    )
