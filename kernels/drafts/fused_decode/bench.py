@@ -68,6 +68,7 @@ FORMS = {
     "v3": load_module(HERE / "fused_v3.py", "fused_v3"),
     "v4": load_module(HERE / "fused_v4.py", "fused_v4"),
     "v5": load_module(HERE / "fused_v5.py", "fused_v5"),
+    "v6": load_module(HERE / "fused_v6.py", "fused_v6"),
 }
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 4
 SWEEP = [
@@ -85,6 +86,15 @@ SWEEP = [
     ("v5", {"block_i": 128}),
     ("v5", {"block_h": 128}),
     ("v5", {"block_i": 32, "programs_per_sm": 2}),
+    # deeper pipelines: more bytes in flight per program
+    ("v5", {"block_h": 128, "up_stages": 8, "down_stages": 8}),
+    ("v5", {"block_h": 128, "up_stages": 6, "down_stages": 6}),
+    ("v5", {"block_i": 32, "block_h": 128, "up_stages": 8, "down_stages": 8}),
+    ("v5", {"block_h": 128, "up_stages": 8, "down_stages": 8, "num_warps": 8}),
+    # v6: the up kernel's K split where its tiles leave SMs idle
+    ("v6", {"block_h": 128}),
+    ("v6", {"block_h": 128, "up_stages": 6, "down_stages": 6}),
+    ("v6", {"block_h": 128, "programs_per_sm": 2, "up_stages": 6, "down_stages": 6}),
 ]
 CALLS = {"fused": 64, "gemms": 64, "layer": 16}  # per graph
 
@@ -156,7 +166,7 @@ def case(shape, quant, M, weights, trees, configs, gen, bandwidth, replays):
         out.fill_(float("nan"))
         call(0)
         target = {"v2": own, "v3": ref, "v4": ref}.get(form)
-        if form == "v5":  # its own quantisation points
+        if form in ("v5", "v6"):  # their own quantisation points
             target = emulate(x, w1d, w2d, remapped, tw.double(), config.get("block_i", 64), False)
         err = error(out, target)
         name = label(form, config)

@@ -1,6 +1,6 @@
 """The v3, v4 and v5 forms against the layer in float64, on the CPU (Triton's interpreter)
-or a GPU: ``python3 kernels/drafts/fused_decode/check_v3.py [v3|v4|v5]``.  v3 and v4 keep
-the activations unquantised and are held to the unquantised layer; v5 quantises them to FP8
+or a GPU: ``python3 kernels/drafts/fused_decode/check_v3.py [v3|v4|v5|v6]``.  v3 and v4 keep
+the activations unquantised and are held to the unquantised layer; v5 and v6 quantise them to FP8
 (per token and 128 columns in, per token and ``block_i`` columns between the GEMMs) and is
 held to the layer with those quantisation points, its distance to the unquantised one shown."""
 
@@ -35,6 +35,9 @@ CASES = [  # experts, top_k, hidden, intermediate, tokens, scales, SMs, options
     # K split in both launches (v4: three and two splits of the first launch's K)
     (8, 2, 768, 192, 1, "block", 200, {"min_steps": 2}),
     (16, 4, 640, 320, 3, "tensor", 200, {"min_steps": 2}),
+    # v6: the up kernel's K split three and four ways
+    (8, 2, 768, 192, 1, "block", 18, {"min_steps": 1}),
+    (16, 4, 512, 256, 2, "channel", 128, {"min_steps": 1}),
 ]
 
 
@@ -66,7 +69,7 @@ def main() -> int:
         )  # fmt: skip
         err = float((args[-1].cpu().double() - ref).norm() / ref.norm())
         shown = f"{err:.5f}"
-        if name == "v5":  # held to its own quantisation points
+        if name in ("v5", "v6"):  # held to their own quantisation points
             own = emulate(x, w1d, w2d, ids, weights.double(), options.get("block_i", 64), False)
             shown += f" own {float((args[-1].cpu().double() - own).norm() / own.norm()):.5f}"
             err = float((args[-1].cpu().double() - own).norm() / own.norm())
