@@ -73,6 +73,13 @@ def main() -> int:
             own = emulate(x, w1d, w2d, ids, weights.double(), options.get("block_i", 64), False)
             shown += f" own {float((args[-1].cpu().double() - own).norm() / own.norm()):.5f}"
             err = float((args[-1].cpu().double() - own).norm() / own.norm())
+            if DEVICE == "cuda":  # which quantisation points a GPU's result is nearest
+                got = args[-1].cpu().double()
+                for label, other in (
+                    ("rounded", emulate(x, w1d, w2d, ids, weights.double(), 64, True)),
+                    ("group128", emulate(x, w1d, w2d, ids, weights.double(), 128, False)),
+                ):
+                    shown += f" {label} {float((got - other).norm() / other.norm()):.5f}"
         failed += not err < 1e-2
         print(experts, top_k, hidden, inter, tokens, mode, sms, shown, flush=True)
     return 1 if failed else 0
