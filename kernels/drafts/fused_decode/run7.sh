@@ -1,0 +1,35 @@
+# vLLM 0.33.0's own layer (fused_experts, its C++ glue) against v5 and v6, as released and with
+# the series, on the device (vllm_layer.py).  Carry, over consecutive calls to one warm
+# machine: .gpu/bt/0..2 (gpu_branch_tests.py's pack of 0.33.0 and the wheels of
+# gpu_branch_requirements.txt) and .gpu/overlay/series-0.33.0.tar (the series' vllm/ files:
+# `moe-patch apply --vllm 0.33.0`, then `git diff --name-only --diff-filter=AM HEAD~7 HEAD
+# -- vllm/ | tar -cf ... -T -`; apply deletes nothing there).  Then: bash run7.sh [SECONDS]
+set -o pipefail
+export PYTHONUNBUFFERED=1 TVM_FFI_DISABLE_TORCH_C_DLPACK=1
+nvidia-smi --query-gpu=name --format=csv,noheader
+scratch=$(mktemp -d) || exit 1
+python3 -m venv "$scratch/venv" || exit 1
+py="$scratch/venv/bin/python"
+python3 -c 'import site; print(site.getsitepackages()[0])' \
+  > "$("$py" -c 'import site; print(site.getsitepackages()[0])')/image.pth"
+"$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .gpu/bt/*/whl/*.whl || exit 1
+mkdir "$scratch/packed" && find .gpu/bt -maxdepth 2 -type f \
+  \( -name 'tree-*' -o -name '*.patch' -o -name manifest.json \) \
+  -exec cp {} "$scratch/packed/" \; || exit 1
+PYTHONPATH=tooling:tests/release "$py" - "$scratch" <<'PY' || exit 1
+import json, sys
+from pathlib import Path
+import gpu_branch_tests as g
+scratch = Path(sys.argv[1])
+entry = json.loads((scratch / "packed" / "manifest.json").read_text())["branches"][0]
+repo, base, _ = g._rebuild(scratch / "packed", entry, scratch)
+g.git(repo, "checkout", "-q", base)
+PY
+mv "$scratch/vllm" "$scratch/release" && cp -a "$scratch/release" "$scratch/series" \
+  && tar -xf .gpu/overlay/series-0.33.0.tar -C "$scratch/series" || exit 1
+for tree in release series; do
+  PYTHONPATH="$scratch/$tree" timeout "${1:-200}" "$py" kernels/drafts/fused_decode/vllm_layer.py \
+    --label "0.33.0-$tree" --shapes qwen3-30b-a3b,deepseek-v3-tp8,minimax-m2-tp4,mixtral-8x7b \
+    --M 1,4,16 --quant tensor,block --configs 12,18 --out "$OUT/vllm-layer-$tree.json" 2>&1 \
+    | tee "$OUT/vllm-layer-$tree.log" | grep -v Warning
+done
