@@ -15,7 +15,7 @@ A GPU machine here has no network and no vLLM, and a command carries 64 MiB, so:
    and ``pip download`` the wheels ``gpu_branch_requirements.txt`` lists (what the image lacks).
 2. Carry the parts and the wheels to ``.gpu/bt/<n>/`` over consecutive calls to one warm
    machine (each part under the call's limit with the repository; one release's pack at a
-   time, as the script runs every part it finds there), then run
+   time: the script takes every part it finds there), then run
    ``bash tests/release/gpu_branch_tests.sh``: a venv of the image's packages and the wheels,
    then ``run``, which rebuilds each base as a one-commit repository (registered as vLLM
    ``X.Y.Z``, as an editable install is, since vLLM picks its CUDA platform only then),

@@ -4,6 +4,11 @@
 set -o pipefail
 export PYTHONUNBUFFERED=1 TVM_FFI_DISABLE_TORCH_C_DLPACK=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+manifests=$(find .gpu/bt -maxdepth 2 -name manifest.json | wc -l)
+if [ "$manifests" -ne 1 ]; then
+  echo "gpu_branch_tests.sh: $manifests packs under .gpu/bt/, need exactly one: carry one release's pack" >&2
+  exit 2
+fi
 scratch=$(mktemp -d) || exit 1
 python3 -m venv "$scratch/venv" || exit 1
 venv_python="$scratch/venv/bin/python"
