@@ -1,9 +1,6 @@
 # vLLM 0.33.0's own layer (fused_experts, its C++ glue) against v5 and v6, as released and with
-# the series, on the device (vllm_layer.py).  Carry, over consecutive calls to one warm
-# machine: .gpu/bt/0..2 (gpu_branch_tests.py's pack of 0.33.0 and the wheels of
-# gpu_branch_requirements.txt) and .gpu/overlay/series-0.33.0.tar (the series' vllm/ files:
-# `moe-patch apply --vllm 0.33.0`, then `git diff --name-only --diff-filter=AM HEAD~7 HEAD
-# -- vllm/ | tar -cf ... -T -`; apply deletes nothing there).  Then: bash run7.sh [SECONDS]
+# the series, on the device (vllm_layer.py), from what stage7.sh put under .gpu/:
+#   bash kernels/drafts/fused_decode/run7.sh [SECONDS per tree]
 set -o pipefail
 export PYTHONUNBUFFERED=1 TVM_FFI_DISABLE_TORCH_C_DLPACK=1
 nvidia-smi --query-gpu=name --format=csv,noheader
