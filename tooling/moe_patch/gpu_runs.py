@@ -65,9 +65,14 @@ def runs(directory: Path) -> list[GpuRun]:
     return found
 
 
+def whole_series_runs(directory: Path) -> list[GpuRun]:
+    """The runs that exercised the whole series (not one branch's tests)."""
+    return [r for r in runs(directory) if r.kind in WHOLE_SERIES]
+
+
 def summary(directory: Path) -> str:
     """One line: the strongest GPU evidence of a series, or that there is none."""
-    found = [r for r in runs(directory) if r.kind in WHOLE_SERIES]
+    found = whole_series_runs(directory)
     if not found:
         return "not run on a GPU yet"
     best = max(found, key=lambda r: (r.kind == "served", r.date))
@@ -76,7 +81,7 @@ def summary(directory: Path) -> str:
 
 def warn_if_unverified(directory: Path, version: str) -> None:
     """The one line ``apply`` and ``wheel`` print for a series that never ran on a GPU."""
-    if not any(r.kind in WHOLE_SERIES for r in runs(directory)):
+    if not whole_series_runs(directory):
         ui.warn(
             f"the series for vLLM {version} ({Path(directory).name}/) has not run on a GPU yet: "
             "it passes verify and the kernel tests on a CPU only"
