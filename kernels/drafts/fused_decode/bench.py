@@ -69,6 +69,7 @@ FORMS = {
     "v4": load_module(HERE / "fused_v4.py", "fused_v4"),
     "v5": load_module(HERE / "fused_v5.py", "fused_v5"),
     "v6": load_module(HERE / "fused_v6.py", "fused_v6"),
+    "v7": load_module(HERE / "fused_v7.py", "fused_v7"),
 }
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 4
 SWEEP = [
@@ -95,6 +96,11 @@ SWEEP = [
     ("v6", {"block_h": 128}),
     ("v6", {"block_h": 128, "up_stages": 6, "down_stages": 6}),
     ("v6", {"block_h": 128, "programs_per_sm": 2, "up_stages": 6, "down_stages": 6}),
+    # v7: v6 as programmatic dependent launches, prefetching their first K steps into the L2
+    ("v7", {"block_h": 128}),
+    ("v7", {"block_h": 128, "up_prefetch": 64, "down_prefetch": 64}),
+    ("v7", {"block_h": 128, "up_prefetch": 0, "down_prefetch": 0}),
+    ("v7", {"block_h": 128, "programs_per_sm": 2}),
 ]
 CALLS = {"fused": 64, "gemms": 64, "layer": 16}  # per graph
 

@@ -1,5 +1,5 @@
 """The v3, v4 and v5 forms against the layer in float64, on the CPU (Triton's interpreter)
-or a GPU: ``python3 kernels/drafts/fused_decode/check_v3.py [v3|v4|v5|v6]``.  v3 and v4 keep
+or a GPU: ``python3 kernels/drafts/fused_decode/check_v3.py [v3|v4|v5|v6|v7]``.  v3 and v4 keep
 the activations unquantised and are held to the unquantised layer; v5 and v6 quantise them to FP8
 (per token and 128 columns in, per token and ``block_i`` columns between the GEMMs) and is
 held to the layer with those quantisation points, its distance to the unquantised one shown."""
@@ -69,7 +69,7 @@ def main() -> int:
         )  # fmt: skip
         err = float((args[-1].cpu().double() - ref).norm() / ref.norm())
         shown = f"{err:.5f}"
-        if name in ("v5", "v6"):  # held to their own quantisation points
+        if name in ("v5", "v6", "v7"):  # held to their own quantisation points
             own = emulate(x, w1d, w2d, ids, weights.double(), options.get("block_i", 64), False)
             shown += f" own {float((args[-1].cpu().double() - own).norm() / own.norm()):.5f}"
             err = float((args[-1].cpu().double() - own).norm() / own.norm())

@@ -1,6 +1,8 @@
-# vLLM 0.33.0's own layer (fused_experts, its C++ glue) against v5 and v6, as released and with
-# the series, on the device (vllm_layer.py), from what stage7.sh put under .gpu/:
-#   bash kernels/drafts/fused_decode/run7.sh [SECONDS per tree]
+# A vLLM release's own layer (fused_experts, its C++ glue) against v5 and v6, as released and
+# with the series, on the device (vllm_layer.py), from what stage7.sh put under .gpu/ (the
+# release is the pack's: its manifest names the base); first diag_small.py (seconds).
+#   bash kernels/drafts/fused_decode/run7.sh [SECONDS per tree] [TREES: release,series] [CONFIGS]
+# The venv and trees stay in /tmp/run7 for the next call to the same warm machine.
 set -o pipefail
 export PYTHONUNBUFFERED=1 TVM_FFI_DISABLE_TORCH_C_DLPACK=1
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -9,7 +11,15 @@ if [ "$manifests" -ne 1 ]; then
   echo "run7.sh: $manifests packs under .gpu/bt/, need exactly one: carry one release's pack" >&2
   exit 2
 fi
-scratch=$(mktemp -d) || exit 1
+release=$(python3 -c 'import json, sys; m = json.load(open(sys.argv[1]))
+print(m["branches"][0]["parent_describe"].lstrip("v"))' .gpu/bt/*/manifest.json) || exit 1
+overlay=.gpu/overlay/series-$release.tar
+[ -f "$overlay" ] || { echo "run7.sh: no $overlay: run stage7.sh $release" >&2; exit 2; }
+python3 kernels/drafts/fused_decode/check_v3.py v7 2>&1 | tee "$OUT/check-v7.txt"
+python3 kernels/drafts/fused_decode/diag_small.py v6 2>&1 | tee "$OUT/diag-small.txt"
+scratch=/tmp/run7
+if [ ! -f "$scratch/ready" ]; then
+rm -rf "$scratch" && mkdir -p "$scratch" || exit 1
 python3 -m venv "$scratch/venv" || exit 1
 py="$scratch/venv/bin/python"
 python3 -c 'import site; print(site.getsitepackages()[0])' \
@@ -28,10 +38,13 @@ repo, base, _ = g._rebuild(scratch / "packed", entry, scratch)
 g.git(repo, "checkout", "-q", base)
 PY
 mv "$scratch/vllm" "$scratch/release" && cp -a "$scratch/release" "$scratch/series" \
-  && tar -xf .gpu/overlay/series-0.33.0.tar -C "$scratch/series" || exit 1
-for tree in release series; do
+  && tar -xf "$overlay" -C "$scratch/series" && touch "$scratch/ready" || exit 1
+fi
+py="$scratch/venv/bin/python"
+trees=${2:-release,series}
+for tree in ${trees//,/ }; do
   PYTHONPATH="$scratch/$tree" timeout "${1:-200}" "$py" kernels/drafts/fused_decode/vllm_layer.py \
-    --label "0.33.0-$tree" --shapes qwen3-30b-a3b,deepseek-v3-tp8,minimax-m2-tp4,mixtral-8x7b \
-    --M 1,4,16 --quant tensor,block --configs 12,18 --out "$OUT/vllm-layer-$tree.json" 2>&1 \
+    --label "$release-$tree" --shapes qwen3-30b-a3b,deepseek-v3-tp8,minimax-m2-tp4,mixtral-8x7b \
+    --M 1,4,16 --quant tensor,block --configs "${3:-12,18,21,22,23,24}" --out "$OUT/vllm-layer-$tree.json" 2>&1 \
     | tee "$OUT/vllm-layer-$tree.log" | grep -v Warning
 done
