@@ -60,7 +60,7 @@ def vllm_call(weights, x, ids, tw, quant, copy):
     return fused_experts(x, w1, w2, tw, ids, quant_config=config)
 
 
-def case(shape, quant, M, weights, configs, gen, bandwidth, replays, tree_label):
+def case(shape, quant, M, weights, configs, gen, bandwidth, replays, tree_label, profile):
     ids, tw = routing(M, shape, gen)
     x = torch.randn(M, shape.hidden, generator=gen, device=DEVICE, dtype=OUT_DTYPE)
     hit, remapped = torch.unique(ids.to(torch.int64), return_inverse=True)
@@ -96,6 +96,7 @@ def case(shape, quant, M, weights, configs, gen, bandwidth, replays, tree_label)
     nbytes = hit.numel() * (w1q[0].numel() + w2q[0].numel() + scales) + 2 * M * shape.hidden * 2
     floor_us = nbytes / bandwidth["read_gbps"] / 1e3
     names = list(calls)
+    kernels = kernel_times(calls) if profile else {}
     times = interleaved_times_us([captured(calls[n]) for n in names], replays)
     rows = []
     for name, series in zip(names, times, strict=True):
@@ -105,8 +106,31 @@ def case(shape, quant, M, weights, configs, gen, bandwidth, replays, tree_label)
             "shape": shape.name, "quant": quant, "M": M, "variant": name, "us": us,
             "us_all": per_call, "floor_us": floor_us, "fraction_of_floor": floor_us / us,
             "experts_hit": int(hit.numel()), "bytes": int(nbytes), **checks[name],
+            **({"kernels_us": kernels[name]} if name in kernels else {}),
         })  # fmt: skip
     return rows
+
+
+def kernel_times(calls, repeats=20):
+    """Each variant's kernels and their mean device time per call (µs), from CUDA's
+    activity records of eager calls: where the graph's time goes, launch gaps aside."""
+    from torch.profiler import ProfilerActivity, profile
+
+    found = {}
+    for name, call in calls.items():
+        call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(repeats):
+                call()
+            torch.cuda.synchronize()
+        per_kernel = {}
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                key = event.name[:80]
+                per_kernel[key] = per_kernel.get(key, 0.0) + event.device_time_total
+        found[name] = {k: v / (repeats * CALLS) for k, v in sorted(per_kernel.items())}
+    return found
 
 
 def main() -> None:
@@ -118,6 +142,7 @@ def main() -> None:
     parser.add_argument("--configs", default="12,18", help="indices into bench.SWEEP")
     parser.add_argument("--seed", type=int, default=4301)
     parser.add_argument("--replays", type=int, default=10)
+    parser.add_argument("--profile-M", default="1", help="token counts whose kernels are listed")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     assert CALLS % COPIES == 0
@@ -132,14 +157,28 @@ def main() -> None:
             gen = torch.Generator(device=DEVICE).manual_seed(args.seed)
             weights = {g: make_weights(shape, g, quant, gen) for g in ("up", "down")}
             for M in map(int, args.M.split(",")):
+                profile = str(M) in args.profile_M.split(",")
                 done = case(
-                    shape, quant, M, weights, configs, gen, bandwidth, args.replays, args.label
+                    shape,
+                    quant,
+                    M,
+                    weights,
+                    configs,
+                    gen,
+                    bandwidth,
+                    args.replays,
+                    args.label,
+                    profile,
                 )
                 rows += done
                 summary = " ".join(f"{r['variant']}={r['us']:.1f}" for r in done)
                 bad = [r["variant"] for r in done if r["correct"] is False]
                 print(f"{shape_name} {quant} M={M} floor={done[0]['floor_us']:.1f} | {summary}"
                       f"{' BAD ' + str(bad) if bad else ''}", flush=True)  # fmt: skip
+                for r in done:
+                    if "kernels_us" in r:
+                        listed = ", ".join(f"{k[:40]} {v:.1f}" for k, v in r["kernels_us"].items())
+                        print(f"  {r['variant']}: {sum(r['kernels_us'].values()):.1f} = {listed}")
             del weights
             report = {
                 "environment": environment(),
