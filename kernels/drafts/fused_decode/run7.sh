@@ -1,6 +1,6 @@
 # A vLLM release's own layer (fused_experts, its C++ glue) against v5 and v6, as released and
 # with the series, on the device (vllm_layer.py), from what stage7.sh put under .gpu/ (the
-# release is the pack's: its manifest names the base); first diag_small.py (seconds).
+# release is the pack's: its manifest names the base).
 #   bash kernels/drafts/fused_decode/run7.sh [SECONDS per tree] [TREES: release,series] [CONFIGS]
 # The venv and trees stay in /tmp/run7 for the next call to the same warm machine.
 set -o pipefail
@@ -15,8 +15,6 @@ release=$(python3 -c 'import json, sys; m = json.load(open(sys.argv[1]))
 print(m["branches"][0]["parent_describe"].lstrip("v"))' .gpu/bt/*/manifest.json) || exit 1
 overlay=.gpu/overlay/series-$release.tar
 [ -f "$overlay" ] || { echo "run7.sh: no $overlay: run stage7.sh $release" >&2; exit 2; }
-python3 kernels/drafts/fused_decode/check_v3.py v7 2>&1 | tee "$OUT/check-v7.txt"
-python3 kernels/drafts/fused_decode/diag_small.py v6 2>&1 | tee "$OUT/diag-small.txt"
 scratch=/tmp/run7
 if [ ! -f "$scratch/ready" ]; then
 rm -rf "$scratch" && mkdir -p "$scratch" || exit 1
