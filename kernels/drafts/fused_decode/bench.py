@@ -101,6 +101,11 @@ SWEEP = [
     ("v7", {"block_h": 128, "up_prefetch": 64, "down_prefetch": 64}),
     ("v7", {"block_h": 128, "up_prefetch": 0, "down_prefetch": 0}),
     ("v7", {"block_h": 128, "programs_per_sm": 2}),
+    # the down kernel's K step a whole 128-byte line: the intermediate's groups 128 wide
+    ("v6", {"block_h": 128, "block_i": 128}),
+    ("v6", {"block_i": 128}),
+    ("v7", {"block_h": 128, "block_i": 128, "up_prefetch": 0, "down_prefetch": 0}),
+    ("v7", {"block_i": 128, "up_prefetch": 0, "down_prefetch": 0}),
 ]
 CALLS = {"fused": 64, "gemms": 64, "layer": 16}  # per graph
 
@@ -172,7 +177,7 @@ def case(shape, quant, M, weights, trees, configs, gen, bandwidth, replays):
         out.fill_(float("nan"))
         call(0)
         target = {"v2": own, "v3": ref, "v4": ref}.get(form)
-        if form in ("v5", "v6"):  # their own quantisation points
+        if form in ("v5", "v6", "v7"):  # their own quantisation points
             target = emulate(x, w1d, w2d, remapped, tw.double(), config.get("block_i", 64), False)
         err = error(out, target)
         name = label(form, config)

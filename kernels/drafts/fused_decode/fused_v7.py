@@ -117,7 +117,10 @@ def _moe_decode_quant_kernel(
     mask = offs < hidden
     x = tl.load(x_ptr + token * hidden + offs, mask=mask, other=0.0).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-10) / FP8_MAX
-    tl.store(xq_ptr + token * hidden + offs, (x / scale).to(xq_ptr.dtype.element_ty), mask=mask)
+    # IEEE division: an exactly representable scale puts quotients on FP8 rounding ties, which
+    # the default approximate division breaks one way (a 1-ulp-low quotient)
+    xq = tl.math.div_rn(x, scale).to(xq_ptr.dtype.element_ty)
+    tl.store(xq_ptr + token * hidden + offs, xq, mask=mask)
     tl.store(xs_ptr + token * tl.num_programs(1) + group, scale)
 
     # -- The later launches add into the output and the up kernel's scratch: zero this
@@ -255,7 +258,7 @@ def _moe_decode_up_kernel(
     aq_ptrs = aq_ptr + pair[None, :] * inter + offs_i[:, None]
     tl.store(
         aq_ptrs,
-        (act / act_scale[None, :]).to(aq_ptr.dtype.element_ty),
+        tl.math.div_rn(act, act_scale[None, :]).to(aq_ptr.dtype.element_ty),
         mask=i_mask[:, None] & routed[None, :],
     )
     tl.store(as_ptr + pair * i_tiles + i_tile, act_scale, mask=routed)
