@@ -70,6 +70,7 @@ FORMS = {
     "v5": load_module(HERE / "fused_v5.py", "fused_v5"),
     "v6": load_module(HERE / "fused_v6.py", "fused_v6"),
     "v7": load_module(HERE / "fused_v7.py", "fused_v7"),
+    "v8": load_module(HERE / "fused_v8.py", "fused_v8"),
 }
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 4
 SWEEP = [
@@ -106,6 +107,10 @@ SWEEP = [
     ("v6", {"block_i": 128}),
     ("v7", {"block_h": 128, "block_i": 128, "up_prefetch": 0, "down_prefetch": 0}),
     ("v7", {"block_i": 128, "up_prefetch": 0, "down_prefetch": 0}),
+    # v8: PDL with each program's first K step of weights loaded before the wait
+    ("v8", {"block_h": 128}),
+    ("v8", {"block_h": 128, "block_i": 128}),
+    ("v8", {"block_h": 128, "pdl": False}),
 ]
 CALLS = {"fused": 64, "gemms": 64, "layer": 16}  # per graph
 
@@ -177,7 +182,7 @@ def case(shape, quant, M, weights, trees, configs, gen, bandwidth, replays):
         out.fill_(float("nan"))
         call(0)
         target = {"v2": own, "v3": ref, "v4": ref}.get(form)
-        if form in ("v5", "v6", "v7"):  # their own quantisation points
+        if form in ("v5", "v6", "v7", "v8"):  # their own quantisation points
             target = emulate(x, w1d, w2d, remapped, tw.double(), config.get("block_i", 64), False)
         err = error(out, target)
         name = label(form, config)

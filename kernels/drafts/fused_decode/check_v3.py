@@ -69,7 +69,7 @@ def main() -> int:
         )  # fmt: skip
         err = float((args[-1].cpu().double() - ref).norm() / ref.norm())
         shown = f"{err:.5f}"
-        if name in ("v5", "v6", "v7"):  # held to their own quantisation points
+        if name in ("v5", "v6", "v7", "v8"):  # held to their own quantisation points
             own = emulate(x, w1d, w2d, ids, weights.double(), options.get("block_i", 64), False)
             shown += f" own {float((args[-1].cpu().double() - own).norm() / own.norm()):.5f}"
             err = float((args[-1].cpu().double() - own).norm() / own.norm())

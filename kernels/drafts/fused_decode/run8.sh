@@ -6,6 +6,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader
 d=kernels/drafts/fused_decode
 python3 $d/check_v3.py v7 2>&1 | tee "$OUT/check-v7.txt"
+python3 $d/check_v3.py v8 2>&1 | tee "$OUT/check-v8.txt"
 [ "${DIAG:-0}" = 1 ] && python3 $d/diag_small.py v6 2>&1 | tee "$OUT/diag-small.txt"
 timeout "${1:-240}" python3 $d/bench.py --tree 0.21.0+moe=.gpu/trees/0.21.0+moe \
   --shapes deepseek-v3-tp8,qwen3-30b-a3b,minimax-m2-tp4,mixtral-8x7b --M "${4:-1,16}" \
