@@ -166,9 +166,10 @@ def _moe_decode_quant_kernel(
     offs = group * GROUP + tl.arange(0, GROUP)
     mask = offs < hidden
     x = tl.load(x_ptr + token * hidden + offs, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-10) / FP8_MAX
-    # IEEE division: an exactly representable scale puts quotients on FP8 rounding ties, which
-    # the default approximate division breaks one way (a 1-ulp-low quotient)
+    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), 1e-10), FP8_MAX)
+    # IEEE division for the scale and the quotient: where amax / 448 is exact, quotients fall
+    # on FP8 rounding ties, and the default approximate division (a scale an ulp high) breaks
+    # them one way
     xq = tl.math.div_rn(x, scale).to(xq_ptr.dtype.element_ty)
     tl.store(xq_ptr + token * hidden + offs, xq, mask=mask)
     tl.store(xs_ptr + token * tl.num_programs(1) + group, scale)
@@ -306,7 +307,7 @@ def _moe_decode_up_kernel(
 
     # -- SiLU-and-mul, then this tile of the intermediate to FP8: one scale per token.
     act = tl.where(i_mask[:, None], gate * tl.sigmoid(gate) * up, 0.0)
-    act_scale = tl.maximum(tl.max(tl.abs(act), axis=0), 1e-10) / FP8_MAX
+    act_scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(act), axis=0), 1e-10), FP8_MAX)
     aq_ptrs = aq_ptr + pair[None, :] * inter + offs_i[:, None]
     tl.store(
         aq_ptrs,
