@@ -71,6 +71,7 @@ FORMS = {
     "v6": load_module(HERE / "fused_v6.py", "fused_v6"),
     "v7": load_module(HERE / "fused_v7.py", "fused_v7"),
     "v8": load_module(HERE / "fused_v8.py", "fused_v8"),
+    "v9": load_module(HERE / "fused_v9.py", "fused_v9"),
 }
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 4
 SWEEP = [
@@ -111,12 +112,21 @@ SWEEP = [
     ("v8", {"block_h": 128}),
     ("v8", {"block_h": 128, "block_i": 128}),
     ("v8", {"block_h": 128, "pdl": False}),
+    # v9: v6 with the width chosen per launch and exact division (the patch candidate)
+    ("v9", {"block_h": 128}),
 ]
 CALLS = {"fused": 64, "gemms": 64, "layer": 16}  # per graph
 
 
 def label(form: str, config: dict) -> str:
     return f"fused-{form}:" + (",".join(f"{k}={v}" for k, v in config.items()) or "default")
+
+
+def group_of(form: str, config: dict, M: int, shape) -> int:
+    """The width of the intermediate's quantisation groups the form uses for this launch."""
+    chosen = FORMS[form].__dict__.get("intermediate_group")
+    fallback = chosen(M, shape.topk, shape.experts, shape.intermediate, SMS) if chosen else 64
+    return config.get("block_i") or fallback
 
 
 def error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -182,8 +192,9 @@ def case(shape, quant, M, weights, trees, configs, gen, bandwidth, replays):
         out.fill_(float("nan"))
         call(0)
         target = {"v2": own, "v3": ref, "v4": ref}.get(form)
-        if form in ("v5", "v6", "v7", "v8"):  # their own quantisation points
-            target = emulate(x, w1d, w2d, remapped, tw.double(), config.get("block_i", 64), False)
+        if form in ("v5", "v6", "v7", "v8", "v9"):  # their own quantisation points
+            group = group_of(form, config, M, shape)
+            target = emulate(x, w1d, w2d, remapped, tw.double(), group, False)
         err = error(out, target)
         name = label(form, config)
         calls[name] = (rotation(call, CALLS["fused"]), CALLS["fused"])

@@ -38,6 +38,9 @@ CASES = [  # experts, top_k, hidden, intermediate, tokens, scales, SMs, options
     # v6: the up kernel's K split three and four ways
     (8, 2, 768, 192, 1, "block", 18, {"min_steps": 1}),
     (16, 4, 512, 256, 2, "channel", 128, {"min_steps": 1}),
+    # v9: 128-wide tiles of the intermediate (few SMs), a partial last tile
+    (16, 4, 384, 320, 16, "channel", 16, {}),
+    (16, 4, 512, 320, 4, "block", 8, {}),
 ]
 
 
@@ -69,8 +72,12 @@ def main() -> int:
         )  # fmt: skip
         err = float((args[-1].cpu().double() - ref).norm() / ref.norm())
         shown = f"{err:.5f}"
-        if name in ("v5", "v6", "v7", "v8"):  # held to their own quantisation points
-            own = emulate(x, w1d, w2d, ids, weights.double(), options.get("block_i", 64), False)
+        if name in ("v5", "v6", "v7", "v8", "v9"):  # held to their own quantisation points
+            chosen = form.__dict__.get("intermediate_group")
+            group = options.get("block_i") or (
+                chosen(tokens, top_k, experts, inter, sms) if chosen else 64
+            )
+            own = emulate(x, w1d, w2d, ids, weights.double(), group, False)
             shown += f" own {float((args[-1].cpu().double() - own).norm() / own.norm()):.5f}"
             err = float((args[-1].cpu().double() - own).norm() / own.norm())
             if DEVICE == "cuda":  # which quantisation points a GPU's result is nearest

@@ -2,6 +2,7 @@
 # with the series, on the device (vllm_layer.py), from what stage7.sh put under .gpu/ (the
 # release is the pack's: its manifest names the base).
 #   bash kernels/drafts/fused_decode/run7.sh [SECONDS per tree] [TREES: release,series] [CONFIGS]
+# (SHAPES, QUANT, MS and ROUTING in the environment narrow or widen the cases.)
 # The venv and trees stay in /tmp/run7 for the next call to the same warm machine.
 set -o pipefail
 export PYTHONUNBUFFERED=1 TVM_FFI_DISABLE_TORCH_C_DLPACK=1
@@ -42,7 +43,8 @@ py="$scratch/venv/bin/python"
 trees=${2:-release,series}
 for tree in ${trees//,/ }; do
   PYTHONPATH="$scratch/$tree" timeout "${1:-200}" "$py" kernels/drafts/fused_decode/vllm_layer.py \
-    --label "$release-$tree" --shapes qwen3-30b-a3b,deepseek-v3-tp8,minimax-m2-tp4,mixtral-8x7b \
-    --M 1,4,16 --quant tensor,block --configs "${3:-12,18,21,22,23,24}" --out "$OUT/vllm-layer-$tree.json" 2>&1 \
+    --label "$release-$tree" --shapes "${SHAPES:-qwen3-30b-a3b,deepseek-v3-tp8,minimax-m2-tp4,mixtral-8x7b}" \
+    --M "${MS:-1,4,16}" --quant "${QUANT:-tensor,block}" --routing "${ROUTING:-uniform,shared}" \
+    --configs "${3:-18,32}" --out "$OUT/vllm-layer-$tree.json" 2>&1 \
     | tee "$OUT/vllm-layer-$tree.log" | grep -v Warning
 done

@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 
-from bench import FORMS, SWEEP, error, fused_call, label, rotation  # noqa: E402
+from bench import FORMS, SWEEP, error, fused_call, group_of, label, rotation  # noqa: E402
 from emu import emulate  # noqa: E402
 from moe_kernels.measure import (  # noqa: E402
     BLOCK_SHAPE,
@@ -60,8 +60,20 @@ def vllm_call(weights, x, ids, tw, quant, copy):
     return fused_experts(x, w1, w2, tw, ids, quant_config=config)
 
 
-def case(shape, quant, M, weights, configs, gen, bandwidth, replays, tree_label, profile):
-    ids, tw = routing(M, shape, gen)
+def routed(M, shape, gen, kind):
+    """``uniform``: each token's top-k of its own random logits (the harness's routing);
+    ``shared``: the tokens' logits mostly one shared vector, so they pick the same few
+    experts (fewer experts hit, more tokens each)."""
+    if kind == "uniform":
+        return routing(M, shape, gen)
+    logits = torch.randn(1, shape.experts, generator=gen, device=DEVICE) * 3.0
+    logits = logits + 0.5 * torch.randn(M, shape.experts, generator=gen, device=DEVICE)
+    weights, ids = torch.topk(torch.softmax(logits, dim=-1), shape.topk, dim=-1)
+    return ids.to(torch.int32), (weights / weights.sum(-1, keepdim=True)).float()
+
+
+def case(shape, quant, M, weights, configs, gen, bandwidth, replays, tree_label, profile, kind):
+    ids, tw = routed(M, shape, gen, kind)
     x = torch.randn(M, shape.hidden, generator=gen, device=DEVICE, dtype=OUT_DTYPE)
     hit, remapped = torch.unique(ids.to(torch.int64), return_inverse=True)
     remapped = remapped.view(ids.shape)
@@ -83,7 +95,7 @@ def case(shape, quant, M, weights, configs, gen, bandwidth, replays, tree_label,
         call = functools.partial(fused_call, form, config, weights, x, ids, tw, quant, out)
         out.fill_(float("nan"))
         call(0)
-        own = emulate(x, w1d, w2d, remapped, tw.double(), config.get("block_i", 64), False)
+        own = emulate(x, w1d, w2d, remapped, tw.double(), group_of(form, config, M, shape), False)
         err = error(out, own)
         name = label(form, config)
         calls[name] = rotation(call, CALLS)
@@ -103,7 +115,7 @@ def case(shape, quant, M, weights, configs, gen, bandwidth, replays, tree_label,
         per_call = [t / CALLS for t in series]
         us = statistics.median(per_call)
         rows.append({
-            "shape": shape.name, "quant": quant, "M": M, "variant": name, "us": us,
+            "shape": shape.name, "quant": quant, "M": M, "routing": kind, "variant": name, "us": us,
             "us_all": per_call, "floor_us": floor_us, "fraction_of_floor": floor_us / us,
             "experts_hit": int(hit.numel()), "bytes": int(nbytes), **checks[name],
             **({"kernels_us": kernels[name]} if name in kernels else {}),
@@ -143,6 +155,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=4301)
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--profile-M", default="1", help="token counts whose kernels are listed")
+    parser.add_argument("--routing", default="uniform", help="uniform, shared or both")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     assert CALLS % COPIES == 0
@@ -156,7 +169,7 @@ def main() -> None:
             shape = SHAPES[shape_name]
             gen = torch.Generator(device=DEVICE).manual_seed(args.seed)
             weights = {g: make_weights(shape, g, quant, gen) for g in ("up", "down")}
-            for M in map(int, args.M.split(",")):
+            for M, kind in itertools.product(map(int, args.M.split(",")), args.routing.split(",")):
                 profile = str(M) in args.profile_M.split(",")
                 done = case(
                     shape,
@@ -169,11 +182,12 @@ def main() -> None:
                     args.replays,
                     args.label,
                     profile,
+                    kind,
                 )
                 rows += done
                 summary = " ".join(f"{r['variant']}={r['us']:.1f}" for r in done)
                 bad = [r["variant"] for r in done if r["correct"] is False]
-                print(f"{shape_name} {quant} M={M} floor={done[0]['floor_us']:.1f} | {summary}"
+                print(f"{shape_name} {quant} M={M} {kind} floor={done[0]['floor_us']:.1f} | {summary}"
                       f"{' BAD ' + str(bad) if bad else ''}", flush=True)  # fmt: skip
                 for r in done:
                     if "kernels_us" in r:
