@@ -1,5 +1,6 @@
 """The v3, v4 and v5 forms against the layer in float64, on the CPU (Triton's interpreter)
-or a GPU: ``python3 kernels/drafts/fused_decode/check_v3.py [v3|v4|v5|v6|v7]``.  v3 and v4 keep
+or a GPU: ``python3 kernels/drafts/fused_decode/check_v3.py [v3|...|v9|PATH]`` (PATH: a
+tree's ``fused_moe_decode.py``, held as v9).  v3 and v4 keep
 the activations unquantised and are held to the unquantised layer; v5 and v6 quantise them to FP8
 (per token and 128 columns in, per token and ``block_i`` columns between the GEMMs) and is
 held to the layer with those quantisation points, its distance to the unquantised one shown."""
@@ -46,7 +47,10 @@ CASES = [  # experts, top_k, hidden, intermediate, tokens, scales, SMs, options
 
 def main() -> int:
     name = sys.argv[1] if len(sys.argv) > 1 else "v3"
-    form = load_module(HERE / f"fused_{name}.py", f"fused_{name}")
+    if name.endswith(".py"):  # a tree's fused_moe_decode.py: the patch's form of v9
+        form, name = load_module(Path(name), "fused_moe_decode"), "v9"
+    else:
+        form = load_module(HERE / f"fused_{name}.py", f"fused_{name}")
     failed = 0
     for experts, top_k, hidden, inter, tokens, mode, sms, options in CASES:
         gen = torch.Generator().manual_seed(experts * 7 + tokens)
