@@ -117,8 +117,8 @@ def _moe_decode_quant_kernel(
     mask = offs < hidden
     x = tl.load(x_ptr + token * hidden + offs, mask=mask, other=0.0).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-10) / FP8_MAX
-    # IEEE division: an exactly representable scale puts quotients on FP8 rounding ties, which
-    # the default approximate division breaks one way (a 1-ulp-low quotient)
+    # IEEE division of the quotient only, as measured: the scale's approximate division is
+    # the one that breaks FP8 rounding ties (README; v8 and v9 divide both exactly)
     xq = tl.math.div_rn(x, scale).to(xq_ptr.dtype.element_ty)
     tl.store(xq_ptr + token * hidden + offs, xq, mask=mask)
     tl.store(xs_ptr + token * tl.num_programs(1) + group, scale)
