@@ -1,9 +1,10 @@
-# A vLLM release's own layer (fused_experts, its C++ glue) against v5 and v6, as released and
+# A vLLM release's own layer (fused_experts, its C++ glue) against the fused forms, as released and
 # with the series, on the device (vllm_layer.py), from what stage7.sh put under .gpu/ (the
 # release is the pack's: its manifest names the base).
 #   bash kernels/drafts/fused_decode/run7.sh [SECONDS per tree] [TREES: release,series] [CONFIGS]
 # (SHAPES, QUANT, MS and ROUTING in the environment narrow or widen the cases.)
-# The venv and trees stay in /tmp/run7 for the next call to the same warm machine.
+# The venv and trees stay in run7/ of the temporary directory for the next call to the
+# same warm machine.
 set -o pipefail
 export PYTHONUNBUFFERED=1 TVM_FFI_DISABLE_TORCH_C_DLPACK=1
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -16,7 +17,7 @@ release=$(python3 -c 'import json, sys; m = json.load(open(sys.argv[1]))
 print(m["branches"][0]["parent_describe"].lstrip("v"))' .gpu/bt/*/manifest.json) || exit 1
 overlay=.gpu/overlay/series-$release.tar
 [ -f "$overlay" ] || { echo "run7.sh: no $overlay: run stage7.sh $release" >&2; exit 2; }
-scratch=/tmp/run7
+scratch="${TMPDIR:-/tmp}/run7"
 if [ ! -f "$scratch/ready" ]; then
 rm -rf "$scratch" && mkdir -p "$scratch" || exit 1
 python3 -m venv "$scratch/venv" || exit 1
