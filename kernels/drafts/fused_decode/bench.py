@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 
 import fp8fix  # noqa: E402
-from emu import emulate  # noqa: E402
+from emu import emulate, group_width  # noqa: E402
 from load import load_module  # noqa: E402
 from moe_kernels import interpreter_compat  # noqa: E402
 from moe_kernels.align import (  # noqa: E402
@@ -124,9 +124,7 @@ def label(form: str, config: dict) -> str:
 
 def group_of(form: str, config: dict, M: int, shape) -> int:
     """The width of the intermediate's quantisation groups the form uses for this launch."""
-    chosen = FORMS[form].__dict__.get("intermediate_group")
-    fallback = chosen(M, shape.topk, shape.experts, shape.intermediate, SMS) if chosen else 64
-    return config.get("block_i") or fallback
+    return group_width(FORMS[form], config, M, shape.topk, shape.experts, shape.intermediate, SMS)
 
 
 def error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -18,7 +18,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 
 import fp8fix  # noqa: E402
-from emu import emulate  # noqa: E402
+from emu import emulate, group_width  # noqa: E402
 from load import load_module  # noqa: E402
 from moe_kernels import interpreter_compat  # noqa: E402
 from moe_kernels.quant import quantize_weights  # noqa: E402
@@ -45,6 +45,24 @@ CASES = [  # experts, top_k, hidden, intermediate, tokens, scales, SMs, options
 ]
 
 
+def case_data(experts, top_k, hidden, inter, tokens, mode):
+    """One case's inputs (seeded by its sizes): hidden states in ``DTYPE``, FP8 weights
+    with their scales and dequantised copies, routing weights and ids, the block shape."""
+    gen = torch.Generator().manual_seed(experts * 7 + tokens)
+    w1 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
+    x = torch.randn(tokens, hidden, generator=gen).to(DTYPE)
+    logits = torch.randn(tokens, experts, generator=gen)
+    weights, ids = torch.topk(torch.softmax(logits, -1), top_k, -1)
+    weights = (weights / weights.sum(-1, keepdim=True)).float()
+    block = (128, 128) if mode == "block" else None
+    w1q, s1 = quantize_weights(w1, mode, block)
+    w2q, s2 = quantize_weights(w2, mode, block)
+    w1d = dequantize_weights(w1q, s1, mode, block)
+    w2d = dequantize_weights(w2q, s2, mode, block)
+    return x, w1q, w2q, s1, s2, w1d, w2d, weights, ids, block
+
+
 def main() -> int:
     name = sys.argv[1] if len(sys.argv) > 1 else "v3"
     if name.endswith(".py"):  # a tree's fused_moe_decode.py: the patch's form of v9
@@ -53,19 +71,8 @@ def main() -> int:
         form = load_module(HERE / f"fused_{name}.py", f"fused_{name}")
     failed = 0
     for experts, top_k, hidden, inter, tokens, mode, sms, options in CASES:
-        gen = torch.Generator().manual_seed(experts * 7 + tokens)
-        w1 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
-        w2 = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
-        x = torch.randn(tokens, hidden, generator=gen).to(DTYPE)
-        logits = torch.randn(tokens, experts, generator=gen)
-        weights, ids = torch.topk(torch.softmax(logits, -1), top_k, -1)
-        weights = (weights / weights.sum(-1, keepdim=True)).float()
-        block = (128, 128) if mode == "block" else None
-        w1q, s1 = quantize_weights(w1, mode, block)
-        w2q, s2 = quantize_weights(w2, mode, block)
-        w1d, w2d = (
-            dequantize_weights(w1q, s1, mode, block),
-            dequantize_weights(w2q, s2, mode, block),
+        x, w1q, w2q, s1, s2, w1d, w2d, weights, ids, block = case_data(
+            experts, top_k, hidden, inter, tokens, mode
         )
         ref = ref_moe_layer_float(x.double(), w1d, w2d, ids, weights.double())
         out = torch.full((tokens, hidden), float("nan"), dtype=DTYPE)
@@ -77,10 +84,7 @@ def main() -> int:
         err = float((args[-1].cpu().double() - ref).norm() / ref.norm())
         shown = f"{err:.5f}"
         if name in ("v5", "v6", "v7", "v8", "v9"):  # held to their own quantisation points
-            chosen = form.__dict__.get("intermediate_group")
-            group = options.get("block_i") or (
-                chosen(tokens, top_k, experts, inter, sms) if chosen else 64
-            )
+            group = group_width(form, options, tokens, top_k, experts, inter, sms)
             own = emulate(x, w1d, w2d, ids, weights.double(), group, False)
             shown += f" own {float((args[-1].cpu().double() - own).norm() / own.norm()):.5f}"
             err = float((args[-1].cpu().double() - own).norm() / own.norm())

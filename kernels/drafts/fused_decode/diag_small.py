@@ -19,8 +19,6 @@ sys.path.insert(0, str(HERE))
 
 import check_v3  # noqa: E402  (applies the interpreter fixes, picks the device)
 from load import load_module  # noqa: E402
-from moe_kernels.quant import quantize_weights  # noqa: E402
-from moe_kernels.reference import dequantize_weights  # noqa: E402
 
 DEVICE = check_v3.DEVICE
 
@@ -62,18 +60,8 @@ def captured_launches(form):
 
 def stages(case, form, seen, out_dtype, **options):
     experts, top_k, hidden, inter, tokens, mode, sms, extra = case
-    gen = torch.Generator().manual_seed(experts * 7 + tokens)
-    w1 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
-    w2 = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
-    x = torch.randn(tokens, hidden, generator=gen).to(check_v3.DTYPE)
-    logits = torch.randn(tokens, experts, generator=gen)
-    tw, ids = torch.topk(torch.softmax(logits, -1), top_k, -1)
-    tw = (tw / tw.sum(-1, keepdim=True)).float()
-    block = (128, 128) if mode == "block" else None
-    w1q, s1 = quantize_weights(w1, mode, block)
-    w2q, s2 = quantize_weights(w2, mode, block)
-    w1d = dequantize_weights(w1q, s1, mode, block).double()
-    w2d = dequantize_weights(w2q, s2, mode, block).double()
+    x, w1q, w2q, s1, s2, w1d, w2d, tw, ids, block = check_v3.case_data(*case[:6])
+    w1d, w2d = w1d.double(), w2d.double()
     out = torch.full((tokens, hidden), float("nan"), dtype=out_dtype)
     args = [t.to(DEVICE) for t in (x, w1q, w2q, s1, s2, tw, ids.to(torch.int32), out)]
     form.fused_moe_decode(

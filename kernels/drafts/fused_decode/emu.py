@@ -28,3 +28,10 @@ def emulate(x, w1d, w2d, ids, tw, group=128, rounded=True):
             act = torch.cat([fp8(act[i : i + group]) for i in range(0, inter, group)])
             out[t] += tw[t, k] * (w2d[e] @ act)
     return out
+
+
+def group_width(form, config, tokens, top_k, experts, inter, sms) -> int:
+    """The width of the intermediate's quantisation groups ``form`` uses for a launch: the
+    config's ``block_i``, else the form's own choice (v9), else 64."""
+    chosen = getattr(form, "intermediate_group", None)
+    return config.get("block_i") or (chosen(tokens, top_k, experts, inter, sms) if chosen else 64)
