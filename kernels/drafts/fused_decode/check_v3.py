@@ -42,6 +42,8 @@ CASES = [  # experts, top_k, hidden, intermediate, tokens, scales, SMs, options
     # v9: 128-wide tiles of the intermediate (few SMs), a partial last tile
     (16, 4, 384, 320, 16, "channel", 16, {}),
     (16, 4, 512, 320, 4, "block", 8, {}),
+    # v9: padding rows (expert id -1, vLLM's VLLM_MOE_SKIP_PADDING) route nowhere
+    (24, 4, 256, 192, 5, "tensor", 32, {"padding_rows": 2}),
 ]
 
 
@@ -74,17 +76,31 @@ def main() -> int:
         x, w1q, w2q, s1, s2, w1d, w2d, weights, ids, block = case_data(
             experts, top_k, hidden, inter, tokens, mode
         )
-        ref = ref_moe_layer_float(x.double(), w1d, w2d, ids, weights.double())
+        options = dict(options)
+        padding = options.pop("padding_rows", 0)
+        if padding and name != "v9":
+            continue
+        real = tokens - padding  # the last rows are padding: ids -1, output ignored
+        launched = ids.clone()
+        launched[real:] = -1
+        ref = ref_moe_layer_float(x[:real].double(), w1d, w2d, ids[:real], weights[:real].double())
         out = torch.full((tokens, hidden), float("nan"), dtype=DTYPE)
-        args = [t.to(DEVICE) for t in (x, w1q, w2q, s1, s2, weights, ids.to(torch.int32), out)]
+        args = [
+            t.to(DEVICE) for t in (x, w1q, w2q, s1, s2, weights, launched.to(torch.int32), out)
+        ]
         form.fused_moe_decode(
             *args, per_channel=mode == "channel", block_shape=list(block) if block else None,
             sm_count=sms, **options,
         )  # fmt: skip
+        got = args[-1].cpu().double()
+        failed += bool(padding) and not torch.isfinite(got[real:]).all()
+        launched_tokens = tokens  # what the form's launch-time choices saw
+        x, ids, weights, tokens = x[:real], ids[:real], weights[:real], real
+        args[-1] = got[:real]
         err = float((args[-1].cpu().double() - ref).norm() / ref.norm())
         shown = f"{err:.5f}"
         if name in ("v5", "v6", "v7", "v8", "v9"):  # held to their own quantisation points
-            group = group_width(form, options, tokens, top_k, experts, inter, sms)
+            group = group_width(form, options, launched_tokens, top_k, experts, inter, sms)
             own = emulate(x, w1d, w2d, ids, weights.double(), group, False)
             shown += f" own {float((args[-1].cpu().double() - own).norm() / own.norm()):.5f}"
             err = float((args[-1].cpu().double() - own).norm() / own.norm())

@@ -51,6 +51,8 @@ def _route(
     route_mask = (offs_t[:, None] < num_tokens) & (offs_k[None, :] < TOP_K)
     route_offs = offs_t[:, None] * TOP_K + offs_k[None, :]
     ids = tl.load(topk_ids_ptr + route_offs, mask=route_mask, other=0).to(tl.int32)
+    # Expert id -1 (a padding row under VLLM_MOE_SKIP_PADDING) routes nowhere.
+    route_mask = route_mask & (ids >= 0)
     counts = tl.histogram(
         tl.reshape(ids, [BLOCK_TOKENS * TOP_K_PAD]),
         EXPERT_BINS,
@@ -337,7 +339,7 @@ def fused_moe_decode(
     block_shape: list[int] | None = None,
     sm_count: int = 132,
     block_i: int | None = None,
-    block_h: int = 64,
+    block_h: int = 128,
     programs_per_sm: int = 1,
     min_steps: int = 2,
     num_warps: int = 4,

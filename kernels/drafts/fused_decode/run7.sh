@@ -1,7 +1,7 @@
 # A vLLM release's own layer (fused_experts, its C++ glue) against the fused forms, as released and
 # with the series, on the device (vllm_layer.py), from what stage7.sh put under .gpu/ (the
 # release is the pack's: its manifest names the base).
-#   bash kernels/drafts/fused_decode/run7.sh [SECONDS per tree] [TREES: release,series] [CONFIGS]
+#   bash kernels/drafts/fused_decode/run7.sh [SECONDS per tree] [TREES: release,series|none] [CONFIGS]
 # (SHAPES, QUANT, MS and ROUTING in the environment narrow or widen the cases.)
 # The venv and trees stay in run7/ of the temporary directory for the next call to the
 # same warm machine.
@@ -41,7 +41,14 @@ mv "$scratch/vllm" "$scratch/release" && cp -a "$scratch/release" "$scratch/seri
   && tar -xf "$overlay" -C "$scratch/series" && touch "$scratch/ready" || exit 1
 fi
 py="$scratch/venv/bin/python"
+# The series with the fused-decode draft too, where an overlay for it was staged.
+fused=.gpu/overlay/fused-$release.tar
+if [ -f "$fused" ] && [ ! -d "$scratch/fused" ]; then
+  cp -a "$scratch/series" "$scratch/fused.tmp" && tar -xf "$fused" -C "$scratch/fused.tmp" \
+    && mv "$scratch/fused.tmp" "$scratch/fused" || exit 1
+fi
 trees=${2:-release,series}
+[ "$trees" = none ] && exit 0
 for tree in ${trees//,/ }; do
   PYTHONPATH="$scratch/$tree" timeout "${1:-200}" "$py" kernels/drafts/fused_decode/vllm_layer.py \
     --label "$release-$tree" --shapes "${SHAPES:-qwen3-30b-a3b,deepseek-v3-tp8,minimax-m2-tp4,mixtral-8x7b}" \

@@ -51,13 +51,36 @@ CALLS = 32  # per graph, a multiple of COPIES
 LAYER_BOUND = 6e-2  # vLLM's FP8 layer against float64: its activations' FP8 error and more
 
 
-def vllm_call(weights, x, ids, tw, quant, copy):
+# The four ways FP8 MoE checkpoints reach vLLM's Triton experts: per-tensor weights with
+# dynamic per-tensor activation scales (``tensor``: online quantisation) or static ones
+# (``static``), per-channel weights with dynamic per-token scales (``channel``:
+# compressed-tensors FP8-dynamic), 128x128 blocks with per-token groups of 128 (``block``).
+WEIGHT_QUANT = {"tensor": "tensor", "static": "tensor", "channel": "channel", "block": "block"}
+
+
+def vllm_call(weights, x, ids, tw, quant, static_scales, copy):
     (w1, s1), (w2, s2) = weights["up"][copy], weights["down"][copy]
+    a1, a2 = static_scales if quant == "static" else (None, None)
     config = fp8_w8a8_moe_quant_config(
-        w1_scale=s1, w2_scale=s2, per_out_ch_quant=quant == "channel",
+        w1_scale=s1, w2_scale=s2, a1_scale=a1, a2_scale=a2,
+        per_act_token_quant=quant == "channel", per_out_ch_quant=quant == "channel",
         block_shape=list(BLOCK_SHAPE) if quant == "block" else None,
     )  # fmt: skip
     return fused_experts(x, w1, w2, tw, ids, quant_config=config)
+
+
+def calibrated(x, w1d, ids):
+    """Static activation scales as a calibration would set them for this batch: the
+    hidden states' and the SiLU-and-mul intermediate's largest magnitude over 448."""
+    inter = w1d.size(1) // 2
+    acts = []
+    for t in range(x.size(0)):
+        for e in ids[t].tolist():
+            g = w1d[e] @ x[t].double()
+            acts.append((torch.nn.functional.silu(g[:inter]) * g[inter:]).abs().max())
+    a1 = (x.abs().max().float() / 448.0).reshape(1)
+    a2 = (torch.stack(acts).max().float() / 448.0).reshape(1)
+    return a1, a2
 
 
 def routed(M, shape, gen, kind):
@@ -79,12 +102,13 @@ def case(shape, quant, M, weights, configs, gen, bandwidth, replays, tree_label,
     remapped = remapped.view(ids.shape)
     block = BLOCK_SHAPE if quant == "block" else None
     (w1q, s1), (w2q, s2) = weights["up"][0], weights["down"][0]
-    w1d = dequantize_weights(w1q[hit], s1[hit], quant, block)
-    w2d = dequantize_weights(w2q[hit], s2[hit], quant, block)
+    w1d = dequantize_weights(w1q[hit], s1[hit], WEIGHT_QUANT[quant], block)
+    w2d = dequantize_weights(w2q[hit], s2[hit], WEIGHT_QUANT[quant], block)
     ref = ref_moe_layer_float(x.double(), w1d, w2d, remapped, tw.double())
     calls, checks = {}, {}
 
-    layer = functools.partial(vllm_call, weights, x, ids, tw, quant)
+    static_scales = calibrated(x, w1d, remapped) if quant == "static" else None
+    layer = functools.partial(vllm_call, weights, x, ids, tw, quant, static_scales)
     err = error(layer(0), ref)
     name = f"{tree_label}:vllm-layer"
     calls[name] = rotation(layer, CALLS)
@@ -92,7 +116,9 @@ def case(shape, quant, M, weights, configs, gen, bandwidth, replays, tree_label,
 
     for form, config in configs:
         out = torch.empty(M, shape.hidden, dtype=OUT_DTYPE, device=DEVICE)
-        call = functools.partial(fused_call, form, config, weights, x, ids, tw, quant, out)
+        call = functools.partial(
+            fused_call, form, config, weights, x, ids, tw, WEIGHT_QUANT[quant], out
+        )
         out.fill_(float("nan"))
         call(0)
         own = emulate(x, w1d, w2d, remapped, tw.double(), group_of(form, config, M, shape), False)
@@ -167,8 +193,11 @@ def main() -> None:
     with set_current_vllm_config(VllmConfig()):
         for shape_name, quant in itertools.product(args.shapes.split(","), args.quant.split(",")):
             shape = SHAPES[shape_name]
+            if quant == "block" and (shape.hidden % 128 or shape.intermediate % 128):
+                print(f"{shape_name} block: skipped (vLLM's block path needs 128 | H, I)")
+                continue
             gen = torch.Generator(device=DEVICE).manual_seed(args.seed)
-            weights = {g: make_weights(shape, g, quant, gen) for g in ("up", "down")}
+            weights = {g: make_weights(shape, g, WEIGHT_QUANT[quant], gen) for g in ("up", "down")}
             for M, kind in itertools.product(map(int, args.M.split(",")), args.routing.split(",")):
                 profile = str(M) in args.profile_M.split(",")
                 done = case(
