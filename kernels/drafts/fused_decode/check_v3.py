@@ -85,9 +85,7 @@ def main() -> int:
         launched[real:] = -1
         ref = ref_moe_layer_float(x[:real].double(), w1d, w2d, ids[:real], weights[:real].double())
         out = torch.full((tokens, hidden), float("nan"), dtype=DTYPE)
-        args = [
-            t.to(DEVICE) for t in (x, w1q, w2q, s1, s2, weights, launched.to(torch.int32), out)
-        ]
+        args = [t.to(DEVICE) for t in (x, w1q, w2q, s1, s2, weights, launched.to(torch.int32), out)]
         form.fused_moe_decode(
             *args, per_channel=mode == "channel", block_shape=list(block) if block else None,
             sm_count=sms, **options,
