@@ -1,5 +1,5 @@
-"""Where v9's distance to its own quantisation points comes from on a GPU (vllm_layer.py
-measured 4e-3..2.3e-2 on an H200, v6 4e-3..7e-3 on an H100): v6 and v9 on the harness's
+"""v6's and v9's distance to their own quantisation points on a GPU (vllm_layer.py measured
+4e-3..2.3e-2 for v9 on an H200 with an emulation that divided short, see README): on the harness's
 weights and routing, the output in bf16 (the atomic adds round each partial sum) and in
 float32, each launched twice (bitwise equal if the result does not depend on the order of
 the atomics).
@@ -7,10 +7,12 @@ the atomics).
     python3 kernels/drafts/fused_decode/diag9.py [SHAPES] [M]
 """
 
+import os
 import sys
 
 import torch
-from bench import FORMS, SMS
+from bench import FORMS, HERE, SMS
+from load import load_module
 from emu import emulate, group_width
 from moe_kernels.measure import BLOCK_SHAPE, DEVICE, SHAPES, make_weights, routing
 from moe_kernels.reference import dequantize_weights
@@ -19,6 +21,9 @@ HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16  # no bf16 atomics 
 
 
 def main() -> None:
+    names = os.environ.get("FORMS", "v6,v9").split(",")
+    for name in names:  # forms outside bench's list: fused_<name>.py beside it
+        FORMS.setdefault(name, load_module(HERE / f"fused_{name}.py", f"fused_{name}"))
     shapes = (sys.argv[1] if len(sys.argv) > 1 else "qwen3-30b-a3b,deepseek-v3-tp8").split(",")
     tokens = [int(m) for m in (sys.argv[2] if len(sys.argv) > 2 else "1,4").split(",")]
     for name in shapes:
@@ -37,7 +42,7 @@ def main() -> None:
                     w1d = dequantize_weights(w1q[hit], s1[hit], quant, block)
                     w2d = dequantize_weights(w2q[hit], s2[hit], quant, block)
                     shown = []
-                    for form in ("v6", "v9"):
+                    for form in names:
                         config = {"block_h": 128}
                         group = group_width(FORMS[form], config, M, shape.topk, shape.experts,
                                             shape.intermediate, SMS)  # fmt: skip

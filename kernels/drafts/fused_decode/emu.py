@@ -5,10 +5,14 @@ import torch
 
 
 def fp8(x: torch.Tensor) -> torch.Tensor:
-    """Through FP8 and back over the last axis; scale and quotient in float32, as the
-    kernels compute them."""
+    """Through FP8 and back over the last axis; scale and quotient in float32 and exactly
+    rounded, as the kernels compute them (``div_rn``).  The divisor is a tensor: PyTorch
+    multiplies a CUDA tensor divided by a Python number by its reciprocal, a bit short of
+    the division, and the FP8 ties break the other way wherever a scale comes out an ulp
+    off (the CPU divides)."""
     x = x.float()
-    scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-10) / 448.0
+    amax = x.abs().amax(-1, keepdim=True).clamp(min=1e-10)
+    scale = amax / torch.full_like(amax, 448.0)
     return (x / scale).to(torch.float8_e4m3fn).double() * scale.double()
 
 

@@ -131,7 +131,14 @@ def stub_flashmla() -> None:
         importlib.import_module(name)
     except ModuleNotFoundError:
         stub = types.ModuleType(name)
-        stub.__getattr__ = lambda attr: type(attr, (), {})
+        stub.__file__ = "<stub>"
+
+        def placeholder(attr):
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            return type(attr, (), {})
+
+        stub.__getattr__ = placeholder
         sys.modules[name] = stub
 
 
