@@ -12,8 +12,8 @@ import sys
 
 import torch
 from bench import FORMS, HERE, SMS
-from load import load_module
 from emu import emulate, group_width
+from load import load_module
 from moe_kernels.measure import BLOCK_SHAPE, DEVICE, SHAPES, make_weights, routing
 from moe_kernels.reference import dequantize_weights
 
