@@ -42,6 +42,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 from . import models
 
 # xz preset of the prebuilt FlashInfer modules: 1 packs 233 MiB in seconds, within a few
@@ -51,7 +54,8 @@ AOT_XZ_PRESET = 1
 # Packages vLLM 0.21 imports when it starts an engine (AsyncLLM, V1 engine core, GPU worker,
 # Qwen3-MoE / Mixtral, FP8 and compressed-tensors MoE, FlashAttention backend) that the H200
 # image lacks (docs/benchmarks.md says how the list was found).  Exact versions, so two bundles
-# of the same release install the same code.
+# of the same release install the same code; where a release's own requirement excludes one,
+# ``engine_requirements`` takes that requirement instead (the bundle records each wheel's hash).
 ENGINE_DEPENDENCIES = (
     "annotated-types==0.8.0",
     "apache-tvm-ffi==0.1.9",
@@ -87,6 +91,11 @@ ENGINE_DEPENDENCIES = (
 )
 GPU_PLATFORMS = (
     "manylinux_2_34_x86_64",
+    "manylinux_2_33_x86_64",
+    "manylinux_2_32_x86_64",
+    "manylinux_2_31_x86_64",  # llguidance 1.7 (vLLM 0.25)
+    "manylinux_2_30_x86_64",
+    "manylinux_2_29_x86_64",
     "manylinux_2_28_x86_64",
     "manylinux_2_27_x86_64",
     "manylinux_2_24_x86_64",
@@ -190,17 +199,51 @@ def patched_overlay(official: Path, patched: Path) -> tuple[bytes, list[str]]:
     return buffer.getvalue(), sorted(changed)
 
 
-def pinned_requirement(wheel: Path, name: str) -> str:
-    """The ``name==version`` the wheel's own METADATA pins (vLLM pins FlashInfer exactly)."""
+def wheel_requirements(wheel: Path, python_version: str = "3.12") -> dict[str, Requirement]:
+    """The wheel's ``Requires-Dist`` lines that hold on the GPU machine (Linux x86_64, CPython
+    ``python_version``, no extra), by canonical name."""
     with zipfile.ZipFile(wheel) as archive:
         metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         lines = archive.read(metadata).decode("utf-8").splitlines()
+    machine = {
+        "platform_machine": "x86_64",
+        "platform_system": "Linux",
+        "sys_platform": "linux",
+        "python_version": python_version,
+        "python_full_version": f"{python_version}.0",
+        "extra": "",
+    }
+    found = {}
     for line in lines:
         if line.startswith("Requires-Dist:"):
-            requirement = line.split(":", 1)[1].split(";")[0].strip()
-            if requirement.lower().startswith(f"{name.lower()}==") and ";" not in line:
-                return requirement
-    raise SystemExit(f"moe_e2e.bundle: {wheel.name} pins no {name}==VERSION")
+            requirement = Requirement(line.split(":", 1)[1].strip())
+            if requirement.marker is None or requirement.marker.evaluate(machine):
+                found[canonicalize_name(requirement.name)] = requirement
+    return found
+
+
+def pinned_requirement(wheel: Path, name: str) -> str:
+    """The ``name==version`` the wheel's own METADATA pins (vLLM pins FlashInfer exactly)."""
+    requirement = wheel_requirements(wheel).get(canonicalize_name(name))
+    pins = [spec for spec in requirement.specifier if spec.operator == "=="] if requirement else []
+    if not pins:
+        raise SystemExit(f"moe_e2e.bundle: {wheel.name} pins no {name}==VERSION")
+    return f"{requirement.name}=={pins[0].version}"
+
+
+def engine_requirements(wheel: Path, python_version: str = "3.12") -> list[str]:
+    """``ENGINE_DEPENDENCIES`` for the release of ``wheel``: each at the list's version where
+    the release's own requirement allows it, else at the release's requirement (0.25.1 pins
+    compressed-tensors 0.17.0 and keeps fastapi below 0.137, where the list, found on 0.21,
+    has 0.15.0.1 and 0.165.0)."""
+    required = wheel_requirements(wheel, python_version)
+    chosen = []
+    for listed in map(Requirement, ENGINE_DEPENDENCIES):
+        own = required.get(canonicalize_name(listed.name))
+        version = next(iter(listed.specifier)).version
+        keep = own is None or not own.specifier or own.specifier.contains(version, prereleases=True)
+        chosen.append(str(listed) if keep else f"{listed.name}{own.specifier}")
+    return chosen
 
 
 def download_dependencies(directory: Path, python_version: str, requirements) -> list[Path]:
@@ -323,7 +366,7 @@ def build(
         drop = (*drop, *unused_members(official, python_version))
         segments, dropped = kept_segments(official, drop)
         overlay, changed = patched_overlay(official, patched)
-        requirements = list(ENGINE_DEPENDENCIES)
+        requirements = engine_requirements(official, python_version)
         if with_flashinfer:
             requirements.append(pinned_requirement(official, "flashinfer-python"))
         deps = download_dependencies(scratch / "deps", python_version, requirements)

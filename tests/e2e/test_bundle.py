@@ -242,6 +242,39 @@ def test_bundle_pins_every_engine_dependency():
     assert io.BytesIO  # the helpers above write through in-memory buffers
 
 
+def test_engine_packages_follow_the_release_where_it_excludes_the_list(tmp_path, monkeypatch):
+    """The list's version where the release allows it; the release's own requirement where it
+    does not (exact pin or range, markers judged for the GPU machine, extras ignored)."""
+    monkeypatch.setattr(
+        bundle,
+        "ENGINE_DEPENDENCIES",
+        ("cbor2==6.3.0", "compressed-tensors==0.15.0.1", "fastapi==0.165.0", "llguidance==1.3.0",
+         "xgrammar==0.2.6", "sniffio==1.3.1"),
+    )  # fmt: skip
+    metadata = "\n".join([
+        "Metadata-Version: 2.1",
+        "Name: vllm",
+        "Requires-Dist: cbor2",
+        "Requires-Dist: compressed-tensors==0.17.0",
+        "Requires-Dist: fastapi[standard]<0.137.0,>=0.133.0",
+        'Requires-Dist: llguidance<1.8.0,>=1.7.0; platform_machine == "x86_64"',
+        'Requires-Dist: xgrammar>=9; platform_machine == "ppc64le"',
+        'Requires-Dist: sniffio>=2; extra == "audio"',
+    ])  # fmt: skip
+    wheel = tmp_path / "vllm-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("vllm-1.0.dist-info/METADATA", metadata)
+    assert bundle.engine_requirements(wheel) == [
+        "cbor2==6.3.0",
+        "compressed-tensors==0.17.0",
+        "fastapi<0.137.0,>=0.133.0",
+        "llguidance<1.8.0,>=1.7.0",
+        "xgrammar==0.2.6",
+        "sniffio==1.3.1",
+    ]
+    assert bundle.pinned_requirement(wheel, "compressed_tensors") == "compressed-tensors==0.17.0"
+
+
 def test_bundle_builds_from_the_wheels_moe_patch_made_and_stages(
     fake_index, series_root, tmp_path, monkeypatch
 ):

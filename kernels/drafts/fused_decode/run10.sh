@@ -1,0 +1,29 @@
+# The fused-decode draft in a served engine, from an e2e bundle of vLLM 0.25.1 whose patched
+# wheel carries the draft (the series copied with the draft appended to v0.25.0/series, then
+# `MOE_PATCH_SERIES=COPY python -m moe_patch.harness_wheels --vllm 0.25.1 --platform
+# manylinux_2_28_x86_64` and `python -m moe_e2e.bundle`; README says how). The parts come
+# one per call to one warm machine, each in .gpu/e2e/N/ with bundle.json; every call stages
+# what it finds, and once all are in, engine_check.py runs per kind in KINDS, eager (each
+# fused call checked against the unfused path and float64) and with CUDA graphs.
+#   KINDS="fp8-dynamic fp8-block" bash kernels/drafts/fused_decode/run10.sh [SECONDS per engine]
+set -o pipefail
+export PYTHONUNBUFFERED=1
+into="${TMPDIR:-/tmp}/moe-e2e"
+for parts in .gpu/e2e/*/; do
+  PYTHONPATH=kernels python3 -m moe_e2e.stage --parts "$parts" --into "$into" || exit 1
+done
+[ -f "$into/staged.json" ] || { echo "run10.sh: parts still to come"; exit 0; }
+sites=$(python3 -c 'import json, sys
+s = json.load(open(sys.argv[1]))["sites"]
+print(s["patched"] + ":" + s["deps"])' "$into/staged.json") || exit 1
+status=0
+for kind in ${KINDS:-fp8-dynamic fp8-block}; do
+  for mode in eager graphs; do
+    echo "== $kind $mode"
+    PYTHONPATH="$sites:kernels" timeout "${1:-240}" python3 \
+      kernels/drafts/fused_decode/engine_check.py --kind "$kind" --mode "$mode" \
+      --out "$OUT/engine-$kind-$mode.json" > "$OUT/engine-$kind-$mode.log" 2>&1 || status=1
+    grep -v Warning "$OUT/engine-$kind-$mode.log" | tail -n 15
+  done
+done
+exit $status
