@@ -114,6 +114,10 @@ SWEEP = [
     ("v8", {"block_h": 128, "pdl": False}),
     # v9: v6 with the width chosen per launch and exact division (the patch candidate)
     ("v9", {"block_h": 128}),
+    # v9 with each launch's K split where it balances the waves, not only where programs
+    # are short of the SMs (1 and 2 programs an SM at once)
+    ("v9", {"block_h": 128, "balance_waves": True}),
+    ("v9", {"block_h": 128, "balance_waves": True, "programs_per_sm": 2}),
 ]
 CALLS = {"fused": 64, "gemms": 64, "layer": 16}  # per graph
 

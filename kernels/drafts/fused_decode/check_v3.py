@@ -42,6 +42,8 @@ CASES = [  # experts, top_k, hidden, intermediate, tokens, scales, SMs, options
     # v9: 128-wide tiles of the intermediate (few SMs), a partial last tile
     (16, 4, 384, 320, 16, "channel", 16, {}),
     (16, 4, 512, 320, 4, "block", 8, {}),
+    # v9: K shares chosen to balance the waves (7 SMs: 24 up tiles in 2 shares of 3 steps)
+    (16, 4, 768, 384, 2, "block", 7, {"balance_waves": True, "min_steps": 2}),
     # v9: padding rows (expert id -1, vLLM's VLLM_MOE_SKIP_PADDING) route nowhere
     (24, 4, 256, 192, 5, "tensor", 32, {"padding_rows": 2}),
 ]

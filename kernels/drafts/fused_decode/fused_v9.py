@@ -326,6 +326,18 @@ def intermediate_group(num_tokens: int, top_k: int, experts: int, inter: int, sm
     return 128 if slots * triton.cdiv(inter, 128) >= sm_count else 64
 
 
+def _splits(tiles: int, most: int, slots: int, balance_waves: bool) -> int:
+    """How many shares of K a launch's ``tiles`` get, at most ``most``: as many as fill the
+    GPU's ``slots`` (programs at once); or, with ``balance_waves``, the fewest whose waves
+    (time ~ waves / shares) come within 5% of the best count's."""
+    if not balance_waves:
+        return max(1, min(most, triton.cdiv(slots, tiles)))
+    counts = range(1, max(1, most) + 1)
+    time = {s: triton.cdiv(tiles * s, slots) / s for s in counts}
+    best = min(time.values())
+    return next(s for s in counts if time[s] <= 1.05 * best)
+
+
 def fused_moe_decode(
     hidden_states: torch.Tensor,
     w1: torch.Tensor,
@@ -345,6 +357,7 @@ def fused_moe_decode(
     num_warps: int = 4,
     up_stages: int = 4,
     down_stages: int = 4,
+    balance_waves: bool = False,
 ) -> torch.Tensor:
     """``output = sum_k w_k * w2_e(silu_and_mul(w1_e x))`` for FP8 ``w1`` ``(E, 2I, H)``
     and ``w2`` ``(E, H, I)``, from unquantised ``hidden_states`` ``(M, H)``."""
@@ -369,11 +382,9 @@ def fused_moe_decode(
     fp8, device = w1.dtype, output.device
     i_tiles = triton.cdiv(inter, block_i)
     up_tiles = slots * i_tiles
-    # Split the up kernel's K only as far as the GPU needs programs, keeping at least
-    # ``min_steps`` K steps per split.
-    up_splits = max(
-        1, min(k_groups // min_steps, triton.cdiv(programs_per_sm * sm_count, up_tiles))
-    )
+    # Split the up kernel's K only as far as the GPU needs programs (or its waves balance),
+    # keeping at least ``min_steps`` K steps per split.
+    up_splits = _splits(up_tiles, k_groups // min_steps, programs_per_sm * sm_count, balance_waves)
     per_up_split = triton.cdiv(k_groups, up_splits)
     up_splits = triton.cdiv(k_groups, per_up_split)
     partial = torch.empty(
@@ -399,8 +410,7 @@ def fused_moe_decode(
     )  # fmt: skip
 
     down_tiles = slots * triton.cdiv(hidden, block_h)
-    most = max(1, i_tiles // min_steps)
-    splits = max(1, min(most, triton.cdiv(programs_per_sm * sm_count, down_tiles)))
+    splits = _splits(down_tiles, i_tiles // min_steps, programs_per_sm * sm_count, balance_waves)
     per_split = triton.cdiv(i_tiles, splits)
     _moe_decode_down_kernel[(down_tiles, triton.cdiv(i_tiles, per_split))](
         aq, a_scales, w2, w2_scale, topk_ids, topk_weights, output,
