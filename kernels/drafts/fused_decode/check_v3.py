@@ -5,6 +5,7 @@ the activations unquantised and are held to the unquantised layer; v5 and v6 qua
 (per token and 128 columns in, per token and ``block_i`` columns between the GEMMs) and is
 held to the layer with those quantisation points, its distance to the unquantised one shown."""
 
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -82,6 +83,8 @@ def main() -> int:
         padding = options.pop("padding_rows", 0)
         if padding and name != "v9":
             continue
+        if not set(options) <= set(inspect.signature(form.fused_moe_decode).parameters):
+            continue  # an option of a later form (a tree's module has none of the drafts')
         real = tokens - padding  # the last rows are padding: ids -1, output ignored
         launched = ids.clone()
         launched[real:] = -1
