@@ -3,8 +3,10 @@
 # `MOE_PATCH_SERIES=COPY python -m moe_patch.harness_wheels --vllm 0.25.1 --platform
 # manylinux_2_28_x86_64` and `python -m moe_e2e.bundle`; README says how). The parts come
 # one per call to one warm machine, each in .gpu/e2e/N/ with bundle.json; every call stages
-# what it finds, and once all are in, engine_check.py runs per kind in KINDS, eager (each
-# fused call checked against the unfused path and float64) and with CUDA graphs.
+# what it finds, and once all are in, the kernel test vLLM would run
+# (upstream/tests/kernels/moe/test_fused_moe_decode.py), then engine_check.py per kind in
+# KINDS, eager (each fused call checked against the unfused path and float64) and with
+# CUDA graphs.
 #   KINDS="fp8-dynamic fp8-block" bash kernels/drafts/fused_decode/run10.sh [SECONDS per engine]
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -17,6 +19,11 @@ sites=$(python3 -c 'import json, sys
 s = json.load(open(sys.argv[1]))["sites"]
 print(s["patched"] + ":" + s["deps"])' "$into/staged.json") || exit 1
 status=0
+echo "== the upstream kernel test"
+PYTHONPATH="$sites" timeout "${1:-240}" python3 -m pytest -q -p no:cacheprovider \
+  kernels/drafts/fused_decode/upstream/tests/kernels/moe/test_fused_moe_decode.py \
+  > "$OUT/upstream-test.log" 2>&1 || status=1
+tail -n 15 "$OUT/upstream-test.log"
 for kind in ${KINDS:-fp8-dynamic fp8-block}; do
   for mode in eager graphs; do
     echo "== $kind $mode"
