@@ -72,6 +72,7 @@ FORMS = {
     "v7": load_module(HERE / "fused_v7.py", "fused_v7"),
     "v8": load_module(HERE / "fused_v8.py", "fused_v8"),
     "v9": load_module(HERE / "fused_v9.py", "fused_v9"),
+    "v10": load_module(HERE / "fused_v10.py", "fused_v10"),
 }
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 4
 SWEEP = [
@@ -118,6 +119,12 @@ SWEEP = [
     # are short of the SMs (1 and 2 programs an SM at once)
     ("v9", {"block_h": 128, "balance_waves": True}),
     ("v9", {"block_h": 128, "balance_waves": True, "programs_per_sm": 2}),
+    # v10: one launch of one program per SM, each phase's units dealt out evenly (35); the
+    # same kernel as three launches (36); shallower pipelines; eight warps
+    ("v10", {}),
+    ("v10", {"one_launch": False}),
+    ("v10", {"num_stages": 3}),
+    ("v10", {"num_warps": 8}),
 ]
 CALLS = {"fused": 64, "gemms": 64, "layer": 16}  # per graph
 
@@ -194,7 +201,7 @@ def case(shape, quant, M, weights, trees, configs, gen, bandwidth, replays):
         out.fill_(float("nan"))
         call(0)
         target = {"v2": own, "v3": ref, "v4": ref}.get(form)
-        if form in ("v5", "v6", "v7", "v8", "v9"):  # their own quantisation points
+        if form in ("v5", "v6", "v7", "v8", "v9", "v10"):  # their own quantisation points
             group = group_of(form, config, M, shape)
             target = emulate(x, w1d, w2d, remapped, tw.double(), group, False)
         err = error(out, target)
