@@ -38,8 +38,7 @@ QUANTISE, UP, DOWN = 1, 2, 4  # phase bits
 
 
 @triton.jit
-def _route(
-    slot,
+def _routing(
     topk_ids_ptr,
     topk_weights_ptr,
     num_tokens,
@@ -48,8 +47,8 @@ def _route(
     EXPERT_BINS: tl.constexpr,
     BLOCK_TOKENS: tl.constexpr,
 ):
-    """The batch's number of distinct experts; the slot-th of them (in id order; -1 past
-    the last one); which tokens it serves, at which top-k position, with what weight."""
+    """The batch's routing, read once per program and kept in registers: ids, weights,
+    which entries count, and each expert id's rank among the distinct ones (or -1)."""
     offs_t = tl.arange(0, BLOCK_TOKENS)
     offs_k = tl.arange(0, TOP_K_PAD)
     route_mask = (offs_t[:, None] < num_tokens) & (offs_k[None, :] < TOP_K)
@@ -57,27 +56,39 @@ def _route(
     ids = tl.load(topk_ids_ptr + route_offs, mask=route_mask, other=0).to(tl.int32)
     # Expert id -1 (a padding row under VLLM_MOE_SKIP_PADDING) routes nowhere.
     route_mask = route_mask & (ids >= 0)
+    weights = tl.load(topk_weights_ptr + route_offs, mask=route_mask, other=0.0)
     counts = tl.histogram(
         tl.reshape(ids, [BLOCK_TOKENS * TOP_K_PAD]),
         EXPERT_BINS,
         mask=tl.reshape(route_mask, [BLOCK_TOKENS * TOP_K_PAD]),
     )
     present = counts > 0
-    rank = tl.cumsum(present.to(tl.int32), axis=0) - 1
-    bins = tl.arange(0, EXPERT_BINS)
-    expert = tl.max(tl.where(present & (rank == slot), bins, -1), axis=0)
+    rank = tl.where(present, tl.cumsum(present.to(tl.int32), axis=0) - 1, -1)
+    return ids, weights.to(tl.float32), route_mask, rank
+
+
+@triton.jit
+def _route(
+    slot,
+    ids,
+    weights,
+    route_mask,
+    rank,
+    TOP_K: tl.constexpr,
+    TOP_K_PAD: tl.constexpr,
+    EXPERT_BINS: tl.constexpr,
+    BLOCK_TOKENS: tl.constexpr,
+):
+    """The slot-th distinct expert of the batch (in id order; -1 past the last one),
+    which tokens it serves, at which top-k position, with what routing weight."""
+    offs_t = tl.arange(0, BLOCK_TOKENS)
+    offs_k = tl.arange(0, TOP_K_PAD)
+    expert = tl.max(tl.where(rank == slot, tl.arange(0, EXPERT_BINS), -1), axis=0)
     chosen = route_mask & (ids == expert)
     routed = tl.sum(chosen.to(tl.int32), axis=1) > 0
     position = tl.sum(tl.where(chosen, offs_k[None, :], 0), axis=1)
-    weights = tl.load(topk_weights_ptr + route_offs, mask=chosen, other=0.0)
-    distinct = tl.sum(present.to(tl.int32), axis=0)
-    return (
-        distinct,
-        expert,
-        routed,
-        offs_t * TOP_K + position,
-        tl.sum(weights.to(tl.float32), axis=1),
-    )
+    route_w = tl.sum(tl.where(chosen, weights, 0.0), axis=1)
+    return expert, routed, offs_t * TOP_K + position, route_w
 
 
 @triton.jit
@@ -189,10 +200,10 @@ def _moe_decode_kernel(
     k_groups = tl.cdiv(hidden, GROUP)
     i_tiles = tl.cdiv(inter, BLOCK_I)
     h_tiles = tl.cdiv(hidden, BLOCK_H)
-    distinct, first_expert, routed, pair, route_w = _route(
-        0, topk_ids_ptr, topk_weights_ptr, num_tokens,
-        TOP_K, TOP_K_PAD, EXPERT_BINS, BLOCK_TOKENS,
-    )  # fmt: skip
+    ids, weights, route_mask, rank = _routing(
+        topk_ids_ptr, topk_weights_ptr, num_tokens, TOP_K, TOP_K_PAD, EXPERT_BINS, BLOCK_TOKENS
+    )
+    distinct = tl.max(rank, axis=0) + 1
 
     # -- Phase 1: activations to FP8, output and scratch zeroed.
     if PHASES & 1:
@@ -219,10 +230,9 @@ def _moe_decode_kernel(
             k_first = tl.maximum(first, tile * k_groups) - tile * k_groups
             k_last = tl.minimum(last, (tile + 1) * k_groups) - tile * k_groups
             slot = tile // i_tiles
-            distinct, expert, routed, pair, route_w = _route(
-                slot, topk_ids_ptr, topk_weights_ptr, num_tokens,
-                TOP_K, TOP_K_PAD, EXPERT_BINS, BLOCK_TOKENS,
-            )  # fmt: skip
+            expert, routed, pair, route_w = _route(
+                slot, ids, weights, route_mask, rank, TOP_K, TOP_K_PAD, EXPERT_BINS, BLOCK_TOKENS
+            )
             offs_i = (tile % i_tiles) * BLOCK_I + offs_i0
             i_mask = offs_i < inter
             gate_ptrs = (
@@ -302,10 +312,9 @@ def _moe_decode_kernel(
             k_first = tl.maximum(first, tile * i_tiles) - tile * i_tiles
             k_last = tl.minimum(last, (tile + 1) * i_tiles) - tile * i_tiles
             slot = tile // h_tiles
-            distinct, expert, routed, pair, route_w = _route(
-                slot, topk_ids_ptr, topk_weights_ptr, num_tokens,
-                TOP_K, TOP_K_PAD, EXPERT_BINS, BLOCK_TOKENS,
-            )  # fmt: skip
+            expert, routed, pair, route_w = _route(
+                slot, ids, weights, route_mask, rank, TOP_K, TOP_K_PAD, EXPERT_BINS, BLOCK_TOKENS
+            )
             if ONE_LAUNCH:
                 _wait_until(ready_ptr + slot, i_tiles)
             offs_h = (tile % h_tiles) * BLOCK_H + offs_h0
