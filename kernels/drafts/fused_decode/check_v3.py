@@ -105,10 +105,10 @@ def main() -> int:
         )  # fmt: skip
         got = args[-1].cpu().double()
         failed += bool(padding) and not torch.isfinite(got[real:]).all()
-        # Counters kept between calls must be left zero (a CUDA graph replays on them).
+        # Buffers kept between calls must be left zero (a CUDA graph replays on them).
         for kept in (
             *getattr(form, "_ARRIVALS", {}).values(),
-            *getattr(form, "_COUNTERS", {}).values(),
+            *getattr(form, "_KEPT", {}).values(),
         ):
             if kept.any():
                 print("counters left non-zero:", kept.nonzero().flatten().tolist()[:8])

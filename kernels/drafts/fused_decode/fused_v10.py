@@ -8,7 +8,7 @@ and drain, and the up and down kernels' programs come in uneven waves (e.g. 192 
 on 132 SMs).  Here one program per SM (``grid``) walks three phases:
 
 1. quantise: the first programs quantise the activations to FP8 (per token and
-   ``GROUP`` columns), zero the output and the split partials' scratch, and count
+   ``GROUP`` columns), zero the output, and count
    themselves done;
 2. up: once that count is full, the units (one ``GROUP``-deep K step of one distinct
    expert's ``BLOCK_I`` gate and up rows) are dealt out in equal contiguous runs
@@ -22,8 +22,9 @@ on 132 SMs).  Here one program per SM (``grid``) walks three phases:
    routing-weighted share into the output with atomics.
 
 The waits need every program resident at once (one per SM, no other grid-wide waits in
-flight); the last program to finish resets the counters, so a call (or a CUDA graph's
-replay) finds them zero.  ``one_launch=False`` runs the phases as three launches of the
+flight); the last program to finish resets the counters and each split tile's finisher
+zeroes its partials, so a call (or a CUDA graph's replay) finds counters and scratch
+zero.  ``one_launch=False`` runs the phases as three launches of the
 same kernel with no waits (Triton's interpreter runs programs one after another, so a
 wait on a later program would never end there).
 """
@@ -105,11 +106,9 @@ def _quantise_share(
     xq_ptr,
     xs_ptr,
     out_ptr,
-    scratch_ptr,
     num_tokens,
     hidden,
     out_numel,
-    scratch_numel,
     program,
     programs,
     BLOCK_TOKENS: tl.constexpr,
@@ -118,7 +117,7 @@ def _quantise_share(
     FP8_MAX: tl.constexpr,
 ):
     """This program's groups of columns of every token to FP8, and its share of the
-    output and the scratch zeroed (the later phases add into both)."""
+    output zeroed (the down phase adds into it)."""
     offs_t = tl.arange(0, BLOCK_TOKENS)
     offs_g = tl.arange(0, GROUP)
     k_groups = tl.cdiv(hidden, GROUP)
@@ -135,9 +134,6 @@ def _quantise_share(
     share = tl.cdiv(tl.cdiv(out_numel, programs), ZERO_BLOCK) * ZERO_BLOCK
     for z in range(program * share, (program + 1) * share, ZERO_BLOCK):
         tl.store(out_ptr + z + offs_z, 0.0, mask=z + offs_z < out_numel)
-    share = tl.cdiv(tl.cdiv(scratch_numel, programs), ZERO_BLOCK) * ZERO_BLOCK
-    for z in range(program * share, (program + 1) * share, ZERO_BLOCK):
-        tl.store(scratch_ptr + z + offs_z, 0.0, mask=z + offs_z < scratch_numel)
 
 
 @triton.jit
@@ -162,7 +158,6 @@ def _moe_decode_kernel(
     max_slots,
     quant_programs,
     out_numel,
-    scratch_numel,
     stride_w1_e,
     stride_w1_n,
     stride_s1_e,
@@ -205,12 +200,12 @@ def _moe_decode_kernel(
     )
     distinct = tl.max(rank, axis=0) + 1
 
-    # -- Phase 1: activations to FP8, output and scratch zeroed.
+    # -- Phase 1: activations to FP8, output zeroed.
     if PHASES & 1:
         if program < quant_programs:
             _quantise_share(
-                x_ptr, xq_ptr, xs_ptr, out_ptr, scratch_ptr, num_tokens, hidden,
-                out_numel, scratch_numel, program, quant_programs,
+                x_ptr, xq_ptr, xs_ptr, out_ptr, num_tokens, hidden, out_numel,
+                program, quant_programs,
                 BLOCK_TOKENS, GROUP, ZERO_BLOCK, FP8_MAX,
             )  # fmt: skip
             if ONE_LAUNCH:
@@ -273,7 +268,7 @@ def _moe_decode_kernel(
 
             # A tile shared with other programs: partials into the scratch; the program
             # whose steps complete the tile's count reads the sums back (from L2, the
-            # atomics' level), resets the count and goes on.
+            # atomics' level), zeroes them and the count, and goes on.
             complete = (k_first == 0) & (k_last == k_groups)
             if not complete:
                 sums = scratch_ptr + pair[None, :] * (2 * inter) + offs_i[:, None]
@@ -286,6 +281,8 @@ def _moe_decode_kernel(
                 if complete:
                     gate = tl.load(sums, mask=pair_mask, other=0.0, cache_modifier=".cg")
                     up = tl.load(sums + inter, mask=pair_mask, other=0.0, cache_modifier=".cg")
+                    tl.store(sums, 0.0, mask=pair_mask)
+                    tl.store(sums + inter, 0.0, mask=pair_mask)
                     tl.store(steps_ptr + tile, 0)
             if complete:
                 # SiLU-and-mul, then the tile to FP8: one scale per token.
@@ -366,20 +363,21 @@ def _moe_decode_kernel(
                 tl.store(ready_ptr + z + offs_z, 0, mask=z + offs_z < max_slots)
 
 
-_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+_KEPT: dict[tuple[str, torch.device, int], torch.Tensor] = {}
 _RETIRED: list[torch.Tensor] = []  # kept alive: a captured CUDA graph may still use one
 
 
-def _counters(numel: int, device: torch.device) -> torch.Tensor:
-    """The launch's counters, one buffer per device and stream (two streams' launches at
-    once must not share them): zeroed once, then left zero by every launch."""
+def _kept(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A buffer every launch leaves zero (the counters, the split partials' scratch), one
+    per device and stream (two streams' launches at once must not share one): zeroed once
+    here, so no launch spends time zeroing it."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    held = _COUNTERS.get((device, stream))
+    held = _KEPT.get((name, device, stream))
     if held is None or held.numel() < numel:
         if held is not None:
             _RETIRED.append(held)
-        held = torch.zeros(max(numel, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[(device, stream)] = held
+        held = torch.zeros(max(numel, 4096), dtype=dtype, device=device)
+        _KEPT[(name, device, stream)] = held
     return held
 
 
@@ -407,7 +405,7 @@ def fused_moe_decode(
     sm_count: int = 132,
     block_h: int = 128,
     one_launch: bool = True,
-    quant_programs: int = 16,
+    quant_programs: int = 64,
     num_warps: int = 4,
     num_stages: int = 4,
 ) -> torch.Tensor:
@@ -426,8 +424,8 @@ def fused_moe_decode(
     programs = sm_count
     if one_launch and device.type == "cuda":  # its waits need every program resident
         programs = min(programs, torch.cuda.get_device_properties(device).multi_processor_count)
-    scratch = torch.empty((num_tokens * top_k, 2 * inter), dtype=torch.float32, device=device)
-    counters = _counters(2 + max_slots + max_slots * i_tiles, device)
+    scratch = _kept("scratch", num_tokens * top_k * 2 * inter, torch.float32, device)
+    counters = _kept("counters", 2 + max_slots + max_slots * i_tiles, torch.int32, device)
     xq = torch.empty((num_tokens, hidden), dtype=fp8, device=device)
     xs = torch.empty((num_tokens, k_groups), dtype=torch.float32, device=device)
     aq = torch.empty((num_tokens * top_k, inter), dtype=fp8, device=device)
@@ -435,7 +433,7 @@ def fused_moe_decode(
     args = (
         hidden_states, xq, xs, w1, w1_scale, w2, w2_scale, topk_ids, topk_weights, aq,
         a_scales, scratch, counters, output, num_tokens, hidden, inter, max_slots,
-        min(quant_programs, programs, k_groups), output.numel(), scratch.numel(),
+        min(quant_programs, programs, k_groups), output.numel(),
         w1.stride(0), w1.stride(1), *_scale_strides(w1_scale, kind),
         w2.stride(0), w2.stride(1), *_scale_strides(w2_scale, kind),
     )  # fmt: skip
