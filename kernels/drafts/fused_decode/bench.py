@@ -120,11 +120,13 @@ SWEEP = [
     ("v9", {"block_h": 128, "balance_waves": True}),
     ("v9", {"block_h": 128, "balance_waves": True, "programs_per_sm": 2}),
     # v10: one launch of one program per SM, each phase's units dealt out evenly (35); the
-    # same kernel as three launches (36); shallower pipelines; eight warps
+    # same kernel as three launches (36); shallower pipelines; eight warps; an ordinary
+    # launch instead of a cooperative one (39)
     ("v10", {}),
     ("v10", {"one_launch": False}),
     ("v10", {"num_stages": 3}),
     ("v10", {"num_warps": 8}),
+    ("v10", {"cooperative": False}),
 ]
 CALLS = {"fused": 64, "gemms": 64, "layer": 16}  # per graph
 

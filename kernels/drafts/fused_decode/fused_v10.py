@@ -405,6 +405,7 @@ def fused_moe_decode(
     sm_count: int = 132,
     block_h: int = 128,
     one_launch: bool = True,
+    cooperative: bool = True,
     quant_programs: int = 64,
     num_warps: int = 4,
     num_stages: int = 4,
@@ -421,8 +422,12 @@ def fused_moe_decode(
     k_groups = triton.cdiv(hidden, GROUP)
     i_tiles = triton.cdiv(inter, BLOCK_I)
     fp8, device = w1.dtype, output.device
+    # One launch waits on its own programs, so they must all be resident: one per SM, and
+    # a cooperative launch, which the driver refuses (an error, not a hang) where they
+    # would not all fit.
+    cooperative = one_launch and cooperative and device.type == "cuda"
     programs = sm_count
-    if one_launch and device.type == "cuda":  # its waits need every program resident
+    if one_launch and device.type == "cuda":
         programs = min(programs, torch.cuda.get_device_properties(device).multi_processor_count)
     scratch = _kept("scratch", num_tokens * top_k * 2 * inter, torch.float32, device)
     counters = _kept("counters", 2 + max_slots + max_slots * i_tiles, torch.int32, device)
@@ -450,6 +455,7 @@ def fused_moe_decode(
         FP8_MAX=FP8_MAX,
         num_warps=num_warps,
         num_stages=num_stages,
+        **({"launch_cooperative_grid": True} if cooperative else {}),
     )
     for phases in (QUANTISE | UP | DOWN,) if one_launch else (QUANTISE, UP, DOWN):
         _moe_decode_kernel[(programs,)](*args, PHASES=phases, **meta)

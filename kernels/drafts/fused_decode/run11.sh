@@ -1,5 +1,5 @@
 # v10 (one launch, stream-K phases) on the device: check_v3 for each form in CHECK (v10), then bench.py's
-# v9 (32) beside v10 (35-38) and the series' two GEMMs (the harness tree under .gpu/trees),
+# v9 (32) beside v10 (35-39) and the series' two GEMMs (the harness tree under .gpu/trees),
 # then diag9 (the emulation's division) and the staging of whatever e2e parts came along.
 #   bash kernels/drafts/fused_decode/run11.sh [SECONDS] [CONFIGS] [QUANT] [M] [SHAPES]
 set -o pipefail
