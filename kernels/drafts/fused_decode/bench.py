@@ -127,6 +127,10 @@ SWEEP = [
     ("v10", {"num_stages": 3}),
     ("v10", {"num_warps": 8}),
     ("v10", {"cooperative": False}),
+    # v9's kernels one at a time (kernel_split.py): eight warps; 64-row down tiles (twice
+    # the down programs)
+    ("v9", {"block_h": 128, "num_warps": 8}),
+    ("v9", {"block_h": 64}),
 ]
 CALLS = {"fused": 64, "gemms": 64, "layer": 16}  # per graph
 
