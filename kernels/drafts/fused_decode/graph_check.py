@@ -1,9 +1,10 @@
-"""v10 under CUDA graphs: each variant (one cooperative launch, one ordinary launch, three
-launches) captured once and replayed on fresh inputs copied into the captured buffers; every
-replay is compared with an eager call on the same inputs (its counters and scratch must be
-zero again each time).  Prints one line per variant; exits 1 if any fails.
+"""A fused form under CUDA graphs (v10 by default: each of its variants, one cooperative
+launch, one ordinary launch, three launches): captured once and replayed on fresh inputs
+copied into the captured buffers; every replay is compared with an eager call on the same
+inputs (the form's counters and scratch must be zero again each time).  Prints one line per
+variant; exits 1 if any fails.
 
-    python3 kernels/drafts/fused_decode/graph_check.py [SHAPES] [M]
+    python3 kernels/drafts/fused_decode/graph_check.py [SHAPES] [M] [FORM]
 """
 
 import functools
@@ -13,7 +14,7 @@ import torch
 from bench import FORMS
 from moe_kernels.measure import BLOCK_SHAPE, DEVICE, SHAPES, make_weights, routing
 
-VARIANTS = {
+VARIANTS = {  # v10's; other forms run as they are
     "cooperative": {},
     "ordinary": {"cooperative": False},
     "three-launches": {"one_launch": False},
@@ -22,7 +23,9 @@ REPLAYS = 5
 
 
 def main() -> int:
-    form = FORMS["v10"]
+    form_name = sys.argv[3] if len(sys.argv) > 3 else "v10"
+    form = FORMS[form_name]
+    variants = VARIANTS if form_name == "v10" else {"default": {}}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = (sys.argv[1] if len(sys.argv) > 1 else "qwen3-30b-a3b").split(",")
     tokens = [int(m) for m in (sys.argv[2] if len(sys.argv) > 2 else "1,4").split(",")]
@@ -36,7 +39,7 @@ def main() -> int:
             for M in tokens:
                 ids, tw = routing(M, shape, gen)
                 x = torch.randn(M, shape.hidden, generator=gen, device=DEVICE, dtype=torch.bfloat16)
-                for variant, options in VARIANTS.items():
+                for variant, options in variants.items():
                     out = torch.empty(M, shape.hidden, dtype=torch.bfloat16, device=DEVICE)
 
                     call = functools.partial(
