@@ -22,7 +22,7 @@ import numpy
 import torch
 import triton
 import triton.language as tl
-from bench import SMS, SWEEP, fused_call, label, rotation
+from bench import SWEEP, fused_call, label, rotation
 from moe_kernels.measure import (
     COPIES,
     DEVICE,
@@ -122,8 +122,7 @@ def main() -> int:
         gen = torch.Generator(device=DEVICE).manual_seed(args.seed)
         weights = {g: make_weights(shape, g, "tensor", gen) for g in ("up", "down")}
         words = [
-            tuple(weights[g][c][0].view(torch.int32) for g in ("up", "down"))
-            for c in range(COPIES)
+            tuple(weights[g][c][0].view(torch.int32) for g in ("up", "down")) for c in range(COPIES)
         ]
         for M in map(int, args.M.split(",")):
             ids, tw = routing(M, shape, gen)
