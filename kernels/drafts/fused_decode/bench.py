@@ -73,6 +73,7 @@ FORMS = {
     "v8": load_module(HERE / "fused_v8.py", "fused_v8"),
     "v9": load_module(HERE / "fused_v9.py", "fused_v9"),
     "v10": load_module(HERE / "fused_v10.py", "fused_v10"),
+    "v11": load_module(HERE / "fused_v11.py", "fused_v11"),
 }
 SMS = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 4
 SWEEP = [
@@ -131,6 +132,9 @@ SWEEP = [
     # the down programs)
     ("v9", {"block_h": 128, "num_warps": 8}),
     ("v9", {"block_h": 64}),
+    # v11: v9 with its weight tiles loaded by TMA (42); with deeper pipelines (43)
+    ("v11", {"block_h": 128}),
+    ("v11", {"block_h": 128, "up_stages": 6, "down_stages": 6}),
 ]
 CALLS = {"fused": 64, "gemms": 64, "layer": 16}  # per graph
 
@@ -207,7 +211,7 @@ def case(shape, quant, M, weights, trees, configs, gen, bandwidth, replays):
         out.fill_(float("nan"))
         call(0)
         target = {"v2": own, "v3": ref, "v4": ref}.get(form)
-        if form in ("v5", "v6", "v7", "v8", "v9", "v10"):  # their own quantisation points
+        if form in ("v5", "v6", "v7", "v8", "v9", "v10", "v11"):  # their own quantisation points
             group = group_of(form, config, M, shape)
             target = emulate(x, w1d, w2d, remapped, tw.double(), group, False)
         err = error(out, target)
