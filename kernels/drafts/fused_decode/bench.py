@@ -135,6 +135,12 @@ SWEEP = [
     # v11: v9 with its weight tiles loaded by TMA (42); with deeper pipelines (43)
     ("v11", {"block_h": 128}),
     ("v11", {"block_h": 128, "up_stages": 6, "down_stages": 6}),
+    # v9 and v11 split into the read probe's grain (16-32 KB a program at M = 1): K shares of
+    # one step allowed, four and eight programs an SM (44-47)
+    ("v9", {"block_h": 128, "programs_per_sm": 4, "min_steps": 1}),
+    ("v9", {"block_h": 128, "programs_per_sm": 8, "min_steps": 1}),
+    ("v11", {"block_h": 128, "programs_per_sm": 4, "min_steps": 1}),
+    ("v11", {"block_h": 128, "programs_per_sm": 8, "min_steps": 1}),
 ]
 CALLS = {"fused": 64, "gemms": 64, "layer": 16}  # per graph
 

@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model in this process
+# vLLM 0.25.1's sampler imports FlashInfer whenever this is on (its default), and the bundle
+# brings no FlashInfer: the engine failed to start on the H100 of 2026-12-07 without it.
+os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 

@@ -7,6 +7,8 @@
 # (upstream/tests/kernels/moe/test_fused_moe_decode.py), then engine_check.py per kind in
 # KINDS, eager (each fused call checked against the unfused path and float64) and with
 # CUDA graphs.
+# UPSTREAM=0 leaves the kernel test out (it passed on the H100 of 2026-12-07:
+# results/h100-upstream-test-0.25.1.log).
 #   KINDS="fp8-dynamic fp8-block" bash kernels/drafts/fused_decode/run10.sh [SECONDS per engine]
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -19,11 +21,13 @@ sites=$(python3 -c 'import json, sys
 s = json.load(open(sys.argv[1]))["sites"]
 print(s["patched"] + ":" + s["deps"])' "$into/staged.json") || exit 1
 status=0
-echo "== the upstream kernel test"
-PYTHONPATH="$sites" timeout "${1:-240}" python3 -m pytest -q -p no:cacheprovider \
-  kernels/drafts/fused_decode/upstream/tests/kernels/moe/test_fused_moe_decode.py \
-  > "$OUT/upstream-test.log" 2>&1 || status=1
-tail -n 15 "$OUT/upstream-test.log"
+if [ "${UPSTREAM:-1}" != 0 ]; then
+  echo "== the upstream kernel test"
+  PYTHONPATH="$sites" timeout "${1:-240}" python3 -m pytest -q -p no:cacheprovider \
+    kernels/drafts/fused_decode/upstream/tests/kernels/moe/test_fused_moe_decode.py \
+    > "$OUT/upstream-test.log" 2>&1 || status=1
+  tail -n 15 "$OUT/upstream-test.log"
+fi
 for kind in ${KINDS:-fp8-dynamic fp8-block}; do
   for mode in eager graphs; do
     echo "== $kind $mode"
