@@ -29,7 +29,8 @@ interpreter_compat.apply()
 fp8fix.apply()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16  # no bf16 atomics on the CPU
-OWN_POINTS = ("v5", "v6", "v7", "v8", "v9", "v10", "v11")  # held to their own quantisation points
+# held to their own quantisation points
+OWN_POINTS = ("v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12")
 CASES = [  # experts, top_k, hidden, intermediate, tokens, scales, SMs, options
     (8, 2, 256, 128, 1, "tensor", 4, {}),
     (16, 4, 384, 320, 16, "channel", 64, {}),
@@ -52,6 +53,9 @@ CASES = [  # experts, top_k, hidden, intermediate, tokens, scales, SMs, options
     # tensor and per channel, a partial last tile of the intermediate
     (8, 2, 384, 320, 3, "tensor", 1, {}),
     (16, 4, 256, 192, 4, "channel", 1, {"padding_rows": 1}),
+    # v12: 16 KB units (up tiles in three shares of two steps, down in shares of two)
+    (8, 2, 768, 256, 3, "block", 200, {"unit_kb": 16}),
+    (16, 4, 640, 384, 2, "tensor", 8, {"unit_kb": 16, "padding_rows": 1}),
 ]
 
 
@@ -86,7 +90,7 @@ def main() -> int:
         )
         options = dict(options)
         padding = options.pop("padding_rows", 0)
-        if padding and name not in ("v9", "v10", "v11"):
+        if padding and name not in ("v9", "v10", "v11", "v12"):
             continue
         if DEVICE == "cpu" and "one_launch" in inspect.signature(form.fused_moe_decode).parameters:
             # The interpreter runs programs one after another: one launch waits forever on
