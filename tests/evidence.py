@@ -201,6 +201,17 @@ def bench_us(report: dict, variants: list[str], shape: str, gemm: str, quant: st
     return [case[v] for v in variants]
 
 
+def layer_speedup(report: dict, new: str, old: str, quants=(), Ms=()) -> list[float]:
+    """``old`` ÷ ``new`` µs of a whole-layer run (one row per shape, kind, M, routing and
+    variant), per case and routing, for the kinds and M the filters keep."""
+    timed: dict = defaultdict(dict)
+    for row in report["rows"]:
+        if (quants and row["quant"] not in quants) or (Ms and row["M"] not in Ms):
+            continue
+        timed[(row["shape"], row["quant"], row["M"], row["routing"])][row["variant"]] = row["us"]
+    return [by[old] / by[new] for _, by in sorted(timed.items()) if new in by and old in by]
+
+
 def jit_sweep(report: dict, trees: list[str], field: str = "variants", run="sweep"):
     """A ``jit_sweep`` run's compiled ``fused_moe_kernel`` variants (or ``stall_seconds``)
     per tree."""
@@ -245,6 +256,7 @@ METHODS = {
     "e2e_kernels_compiled": e2e_kernels_compiled,
     "bench_speedup": bench_speedup,
     "bench_us": bench_us,
+    "layer_speedup": layer_speedup,
     "jit_sweep": jit_sweep,
     "tune_speedup": tune_speedup,
     "rows_field": rows_field,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .quant import QuantMode, quantize_activations
+from .quant import FP8_DTYPE, QuantMode, fp8_max, quantize_activations
 
 
 def _expand_blocks(scale: torch.Tensor, rows: int, cols: int, bn: int, bk: int) -> torch.Tensor:
@@ -200,4 +200,35 @@ def ref_moe_layer_quantized(
         mul_routed_weight=True,
         block_shape=bs,
     )
+    return h2.sum(dim=1)
+
+
+def fp8_groups(x: torch.Tensor, group: int = 128) -> torch.Tensor:
+    """``(rows, K)`` through FP8 and back per row and ``group`` columns, in float64; the
+    scale and the quotient in float32, as the fused decode kernels compute them."""
+    out = torch.empty(x.shape, dtype=torch.float64, device=x.device)
+    for start in range(0, x.size(1), group):
+        part = x[:, start : start + group].float()
+        amax = part.abs().amax(dim=1, keepdim=True).clamp(min=1e-10)
+        scale = amax / torch.full_like(amax, fp8_max())  # divided, not a reciprocal's product
+        out[:, start : start + group] = (part / scale).to(FP8_DTYPE).double() * scale.double()
+    return out
+
+
+def ref_moe_layer_decode(
+    hidden: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    group: int = 128,
+) -> torch.Tensor:
+    """The fused decode path's layer in float64 on dequantised weights, through its
+    quantisation points: the hidden states per token and 128 columns, then SiLU-and-mul
+    (float32 in the kernel, not rounded to ``hidden``'s dtype) per (token, expert) row and
+    ``group`` columns (the path's ``intermediate_group`` for the launch)."""
+    T, topk = topk_ids.shape
+    h1 = ref_moe_gemm(fp8_groups(hidden), w1, topk_ids, topk)
+    act = silu_and_mul(h1).reshape(T * topk, -1)
+    h2 = ref_moe_gemm(fp8_groups(act, group), w2, topk_ids, 1, topk_weights, mul_routed_weight=True)
     return h2.sum(dim=1)

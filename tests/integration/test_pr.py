@@ -763,6 +763,56 @@ def test_code_and_config_tables_in_one_branch_fail_the_complexity_item(
     assert "vLLM reviews tables as a config-only pull request" in checks["complexity"]["detail"]
 
 
+def _module(body_lines: int, triton: bool) -> str:
+    """A module of about ``body_lines`` lines: one function, a Triton kernel or not."""
+    head = "import triton\nimport triton.language as tl\n\n\n@triton.jit\n" if triton else ""
+    body = "".join(f"    x{i} = {i}\n" for i in range(body_lines))
+    return f"{head}def work(x_ptr):\n{body}    return x0\n\n\nFEATURE = True\n"
+
+
+@pytest.mark.parametrize("triton", [False, True], ids=["python", "triton-kernel"])
+def test_a_large_change_needs_an_rfc_unless_its_lines_are_kernels(
+    pr_series, clone, tmp_path, monkeypatch, triton
+):
+    """vLLM's rule counts no kernel lines towards the 500 that call for an RFC: a Triton
+    kernel in a Python file is one (what lies outside it still counts)."""
+    _with_rules(clone, **{"docs/contributing/README.md": CONTRIBUTING})
+    root = tmp_path / "big-series"
+    author_series(
+        root,
+        "1.0.0",
+        [
+            {
+                "id": "big",
+                "edit": {"vllm/extra.py": _module(600, triton)},
+                "trailers": _trailers("Upstream-Test: tests/test_big.py"),
+            }
+        ],
+    )
+    (root / "upstream" / "tests").mkdir(parents=True)
+    (root / "upstream" / "tests" / "test_big.py").write_text(_test_file("vllm.extra", "FEATURE"))
+    monkeypatch.setenv("MOE_PATCH_SERIES", str(root))
+    report = pr.prepare(clone, "main", tmp_path / "o")
+    item = {c.name: c for c in report.outcomes[0].checks}["complexity"]
+    if triton:
+        assert item.status == "pass", item.detail
+        assert ", 603 kernel, " in item.detail  # the decorator, the def, 600 lines, return
+    else:
+        assert item.status == "fail"
+        assert "kernel" not in item.detail.split(";")[0]
+        assert "lines besides kernel/data/config/test: above 500" in item.detail
+
+
+def test_triton_kernel_spans_take_decorators_and_only_jit_functions():
+    text = (
+        "import triton\nfrom triton import jit\n\n\n@triton.jit\ndef a(x):\n    return x\n\n\n"
+        "@triton.autotune(configs=[], key=[])\n@jit\ndef b(x):\n    y = x\n    return y\n\n\n"
+        "def host(x):\n    return a[(1,)](x)\n"
+    )
+    assert pr_checks.triton_kernel_spans(text) == [(5, 7), (10, 14)]
+    assert pr_checks.triton_kernel_spans("def broken(:\n") == []
+
+
 def test_a_gpu_only_test_is_listed_not_failed(pr_series, clone, tmp_path, monkeypatch):
     root = tmp_path / "gpu-series"
     author_series(

@@ -36,6 +36,7 @@ ORDER = [
     "moe-patch/split-k-launch-rules",
     "moe-patch/h200-fp8-moe-configs",
     "moe-patch/triton-moe-warmup",
+    "moe-patch/fused-decode",
 ]
 
 
@@ -185,7 +186,7 @@ def test_the_gpu_only_tests_were_shown_on_a_gpu_for_these_very_branches(made):
     records = [json.loads(path.read_text()) for path in BRANCH_TESTS.glob("*.json")]
     gpu_only = [o for o in report.outcomes
                 if {c.name: c for c in o.checks}["tests"].detail.startswith("GPU-only")]  # fmt: skip
-    assert [o.id for o in gpu_only] == ["swap-ab-split-k"]
+    assert [o.id for o in gpu_only] == ["swap-ab-split-k", "fused-decode"]
     for outcome in gpu_only:
         parent = git(work, "rev-parse", f"{outcome.branch}^")
         today = gpu_branch_tests.diff_sha256(work, parent, outcome.branch)

@@ -23,11 +23,13 @@ pytestmark = [pytest.mark.release, pytest.mark.network]
 VERSION = "0.21.0"
 _CONFIGS = "vllm/model_executor/layers/fused_moe/configs/"
 # Files the series changes in 0.21.0: code, and swap-ab's H200 tables (three of
-# them replace entries of tables vLLM ships, five are new); triton-moe-warmup adds a module.
+# them replace entries of tables vLLM ships, five are new); triton-moe-warmup and fused-decode
+# add a module each.
 PATCHED = sorted(
     [
         "vllm/envs.py",
         "vllm/model_executor/layers/fused_moe/fused_moe.py",
+        "vllm/model_executor/layers/fused_moe/modular_kernel.py",
         "vllm/model_executor/layers/fused_moe/oracle/fp8.py",
         "vllm/v1/worker/gpu_worker.py",
         _CONFIGS + "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
@@ -47,6 +49,7 @@ ADDED = sorted(
                 "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
             )
         ),
+        "vllm/model_executor/layers/fused_moe/fused_moe_decode.py",
         "vllm/model_executor/warmup/triton_moe_warmup.py",
     ]
 )

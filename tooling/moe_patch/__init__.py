@@ -2,7 +2,7 @@
 
 import os
 
-__version__ = "0.3.1"
+__version__ = "0.4.0"
 
 # GitPython runs ``git version`` when it is first imported and raises ImportError if there is
 # no git: --help and --version must work without git, and the commands that need it say so in

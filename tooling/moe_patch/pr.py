@@ -428,6 +428,7 @@ def _assess(
         )
     added_lines: dict[str, list[str]] = {}
     new_texts: dict[str, str] = {}
+    kernel_lines: dict[str, int] = {}
     for path in files:
         if not path.endswith(".py"):
             continue
@@ -439,6 +440,8 @@ def _assess(
             new_texts[path] = gitutil.run(
                 source, "show", f"{commit}:{path}", strip_newline_in_stdout=False
             )
+        if path in new_texts:
+            kernel_lines[path] = _added_in(diff, pr_checks.triton_kernel_spans(new_texts[path]))
     new_tests = gitutil.run(
         source, "diff", "--name-only", "--diff-filter=A", parent, commit, "--", "tests"
     ).split()
@@ -463,8 +466,21 @@ def _assess(
         lint_ok=outcome.lint_ok,
         lint=outcome.lint,
         tests=evidence.verdicts(),
+        triton_kernel_lines={p: n for p, n in kernel_lines.items() if n},
     )
     return branch, evidence
+
+
+_HUNK = re.compile(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", re.M)
+
+
+def _added_in(diff: str, spans: list[tuple[int, int]]) -> int:
+    """How many lines a ``-U0`` diff adds inside ``spans`` of the new file's lines."""
+    added = set()
+    for match in _HUNK.finditer(diff):
+        start, count = int(match.group(1)), int(match.group(2) or 1)
+        added.update(range(start, start + count))
+    return sum(1 for line in added if any(a <= line <= b for a, b in spans))
 
 
 def _facts(

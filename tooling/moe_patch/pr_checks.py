@@ -9,6 +9,7 @@ moe-patch's own reading of a rule ("a few bullets" is five, "concise" is
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -69,6 +70,8 @@ class Branch:
     lint: list[str] = field(default_factory=list)
     tests: list[tuple[str, bool | None, str]] = field(default_factory=list)
     local_paths: tuple[str, ...] = ()  # paths of this machine that must not appear
+    # path -> the added lines that lie inside a Triton kernel (``@triton.jit``)
+    triton_kernel_lines: dict[str, int] = field(default_factory=dict)
 
 
 def check_branch(branch: Branch, rules: Rules) -> list[Item]:
@@ -366,10 +369,42 @@ def kind_of(path: str) -> str:
     return "code"
 
 
+def triton_kernel_spans(text: str) -> list[tuple[int, int]]:
+    """The 1-based line ranges (decorators included) of a Python file's Triton kernels:
+    functions decorated with ``triton.jit`` (or ``jit`` imported from triton); none where
+    the file does not parse."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return []
+
+    def is_jit(node: ast.expr) -> bool:
+        node = node.func if isinstance(node, ast.Call) else node
+        if isinstance(node, ast.Attribute):
+            return (
+                node.attr == "jit"
+                and isinstance(node.value, ast.Name)
+                and (node.value.id == "triton")
+            )
+        return isinstance(node, ast.Name) and node.id == "jit"
+
+    return [
+        (min(d.lineno for d in fn.decorator_list), fn.end_lineno or fn.lineno)
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.FunctionDef) and any(map(is_jit, fn.decorator_list))
+    ]
+
+
 def _complexity(branch: Branch, rules: Rules, text: str) -> Item:
+    # vLLM's rule leaves kernels out of a change's size; Triton kernels in Python files
+    # are kernels too, so their added lines count as such.
     counts: dict[str, int] = {}
     for path, (added, _) in branch.files.items():
-        counts[kind_of(path)] = counts.get(kind_of(path), 0) + added
+        in_kernels = min(branch.triton_kernel_lines.get(path, 0), added)
+        counts[kind_of(path)] = counts.get(kind_of(path), 0) + added - in_kernels
+        if in_kernels:
+            counts["kernel"] = counts.get("kernel", 0) + in_kernels
+    counts = {k: n for k, n in counts.items() if n}
     code = counts.get("code", 0)
     summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing"
     problems = []

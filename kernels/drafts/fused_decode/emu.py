@@ -1,4 +1,4 @@
-"""The v2 and v5 forms' quantisation points in float64 (harness/moe_kernels.diff has the
+"""The v2 and v5 forms' quantisation points in float64 (``moe_kernels.reference`` has the
 product version, ``reference.ref_moe_layer_decode``)."""
 
 import torch

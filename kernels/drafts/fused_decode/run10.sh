@@ -4,7 +4,7 @@
 # manylinux_2_28_x86_64` and `python -m moe_e2e.bundle`; README says how). The parts come
 # one per call to one warm machine, each in .gpu/e2e/N/ with bundle.json; every call stages
 # what it finds, and once all are in, the kernel test vLLM would run
-# (upstream/tests/kernels/moe/test_fused_moe_decode.py), then engine_check.py per kind in
+# (patches/upstream/tests/kernels/moe/test_fused_moe_decode.py), then engine_check.py per kind in
 # KINDS, eager (each fused call checked against the unfused path and float64) and with
 # CUDA graphs.
 # UPSTREAM=0 leaves the kernel test out (it passed on the H100 of 2026-12-07:
@@ -24,7 +24,7 @@ status=0
 if [ "${UPSTREAM:-1}" != 0 ]; then
   echo "== the upstream kernel test"
   PYTHONPATH="$sites" timeout "${1:-240}" python3 -m pytest -q -p no:cacheprovider \
-    kernels/drafts/fused_decode/upstream/tests/kernels/moe/test_fused_moe_decode.py \
+    patches/upstream/tests/kernels/moe/test_fused_moe_decode.py \
     > "$OUT/upstream-test.log" 2>&1 || status=1
   tail -n 15 "$OUT/upstream-test.log"
 fi
