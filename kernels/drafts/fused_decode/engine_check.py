@@ -37,7 +37,9 @@ PROMPT_TOKENS = 24
 OUTPUT_TOKENS = 12
 # The two paths differ in where they quantise to FP8 (the unfused path's activation scale is
 # per tensor or per 128 columns, the fused path's per token and 128 columns): each within
-# the layer bound of float64, so of each other.
+# the layer bound of float64, so within twice it of each other (the upstream test's bound;
+# the first engine run, H100 2026-12-07, had 0.046 and 0.050 against float64 and 0.066
+# between them, which the single bound this used to apply called a failure).
 PATH_BOUND = 6e-2
 
 
@@ -200,7 +202,9 @@ def main() -> int:
     if args.mode == "eager":
         ok = ok and s["checked"] > 0 and s["all_finite"]
         ok = (
-            ok and s["max_fused_vs_unfused"] < PATH_BOUND and s["max_fused_vs_float64"] < PATH_BOUND
+            ok
+            and s["max_fused_vs_unfused"] < 2 * PATH_BOUND
+            and s["max_fused_vs_float64"] < PATH_BOUND
         )
     record["passed"] = ok
     args.out.write_text(json.dumps(record, indent=1))
