@@ -10,14 +10,12 @@ packages instead, on the same line, so Triton's errors point at the tree's lines
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 
 from . import interpreter_compat
-from .loader import FUSED_MOE_REL, KernelLoadError, _cache_dir
+from .loader import FUSED_MOE_REL, KernelLoadError, import_source
 
 DECODE_REL = FUSED_MOE_REL.parent / "fused_moe_decode.py"
 _VLLM_TRITON = "from vllm.triton_utils import tl, triton"
@@ -42,22 +40,6 @@ def load_fused_moe_decode(tree: str | os.PathLike[str]) -> ModuleType:
         raise KernelLoadError(f"{source} does not import triton as {_VLLM_TRITON!r}")
     text = text.replace(_VLLM_TRITON, _REAL_TRITON)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    name = f"_moe_kernels_decode_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = _cache_dir() / digest / f"vllm_fused_moe_decode_{digest}.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.is_file() or path.read_text() != text:
-        scratch = path.with_suffix(f".tmp{os.getpid()}")
-        scratch.write_text(text)
-        os.replace(scratch, path)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception:
-        del sys.modules[name]
-        raise
-    return module
+    return import_source(
+        text, f"{digest}/vllm_fused_moe_decode_{digest}.py", f"_moe_kernels_decode_{digest}"
+    )

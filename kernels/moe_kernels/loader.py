@@ -25,7 +25,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 FUSED_MOE_REL = Path("vllm/model_executor/layers/fused_moe/fused_moe.py")
@@ -478,6 +478,29 @@ def _render(ex: _Extraction, main: Path, origin: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def import_source(text: str, relative: str, module_name: str) -> ModuleType:
+    """``text`` imported as ``module_name`` from the file ``relative`` under the cache
+    (written atomically, once per content): Triton reads a kernel's source from its file."""
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    path = _cache_dir() / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_text() != text:
+        scratch = path.with_suffix(f".tmp{os.getpid()}")
+        scratch.write_text(text)
+        os.replace(scratch, path)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
 def _cache_dir() -> Path:
     env = os.environ.get("MOE_KERNELS_CACHE")
     if env:
@@ -529,26 +552,9 @@ def load_fused_moe_kernel(
     if cache_key in _LOADED and _LOADED[cache_key].tree == tree:
         return _LOADED[cache_key]
 
-    out_dir = _cache_dir() / digest
-    out_dir.mkdir(parents=True, exist_ok=True)
-    module_path = out_dir / f"vllm_fused_moe_{digest}.py"
-    if not module_path.is_file() or module_path.read_text() != text:
-        tmp = module_path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, module_path)
-    mod_name = f"_moe_kernels_gen_{digest}"
-    if mod_name in sys.modules:
-        module = sys.modules[mod_name]
-    else:
-        spec = importlib.util.spec_from_file_location(mod_name, module_path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception:
-            del sys.modules[mod_name]
-            raise
+    relative = f"{digest}/vllm_fused_moe_{digest}.py"
+    module = import_source(text, relative, f"_moe_kernels_gen_{digest}")
+    module_path = _cache_dir() / relative
     kernel = getattr(module, kernel_name)
     fn_node = index.functions[kernel_name]
     helpers = {
