@@ -1,7 +1,7 @@
 """Fixtures for the kernel harness tests.
 
 * Without CUDA, Triton's CPU interpreter is switched on here (TRITON_INTERPRET=1),
-  before any test module imports triton.
+  and triton imported under it, before any test module imports triton.
 * ``vllm_tree``: one vLLM source tree per parameter.  Trees come from
   ``MOE_KERNELS_TREES`` (paths separated by ``os.pathsep``) or the defaults
   below; a missing tree is skipped.  This is the one place that decides which
@@ -23,6 +23,10 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # triton.language defines its own helpers (the combine functions of tl.sum, tl.cumsum)
+    # with @jit when it is first imported: imported now, they are the interpreter's even
+    # where a test later imports moe_kernels with the variable unset (tune's GPU check).
+    import triton.language  # noqa: F401
 
 KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 try:  # the package is mapped by the project's pyproject; fall back to the source folder
