@@ -1,6 +1,6 @@
 """vLLM's fused decode MoE path (``fused_moe_decode.py``), run from a source tree.
 
-A tree with the series' ``fused-moe-decode`` patch has the module: its two Triton
+A tree with the series' ``fused-decode`` patch has the module: its three Triton
 kernels and their launcher need torch and triton only (the parts that decide when vLLM
 takes the path import vLLM lazily and are not called here).  The module is imported
 from a copy whose ``from vllm.triton_utils import tl, triton`` line imports the real
