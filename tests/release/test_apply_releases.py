@@ -121,14 +121,30 @@ def test_idempotent_on_a_real_tree(tmp_path):
     print(f"second apply on a real 0.21.0 tree: {elapsed:.2f} s")
 
 
-def test_jit_patch_is_recognised_as_upstream_once_applied(release_tree):
-    """Re-applying onto an already patched tree reports 'already upstream', not a failure."""
+@pytest.mark.parametrize(
+    "version",
+    [
+        "0.21.0",
+        pytest.param(
+            "0.33.0",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="known: triton-moe-warmup, applied by 3-way merge on 0.33.0, is not "
+                "recognised on the patched tree (its reverse does not apply)",
+            ),
+        ),
+        "0.34.0",
+    ],
+)  # one release per series
+def test_jit_patch_is_recognised_as_upstream_once_applied(release_tree, version):
+    """Re-applying onto an already patched tree reports 'already upstream', not a failure
+    (each patch's context must survive the patches after it)."""
     from moe_patch import applier
 
-    tree = release_tree("0.21.0")
-    chosen = series.for_version("0.21.0")
+    tree = release_tree(version)
+    chosen = series.for_version(version)
     base = applier.gitutil.run(tree, "rev-parse", "HEAD")
-    applier.apply_series(tree, base, "0.21.0", chosen)
+    applier.apply_series(tree, base, version, chosen)
     patched = applier.gitutil.run(tree, "rev-parse", "HEAD")
-    report = applier.apply_series(tree, patched, "0.21.0", chosen)
+    report = applier.apply_series(tree, patched, version, chosen)
     assert [o.status for o in report.outcomes] == ["already upstream"] * len(chosen.patches)
