@@ -125,6 +125,43 @@ def test_moved_context_falls_back_to_three_way(fake_index, series_root, tmp_path
     assert "return 2  # changed" in text and 'do_not_specialize=["EM", "num_valid_tokens"]' in text
 
 
+def test_a_patch_merged_three_way_is_recognised_on_the_patched_tree(
+    fake_index, tmp_path, monkeypatch
+):
+    # The release added lines just below where the patch inserts: the first run merges
+    # it 3-way; on the patched tree neither the patch nor its reverse applies any more
+    # (and a second merge conflicts), so only the commit the first run made shows that
+    # the change is there.
+    from moe_patch import applier, series
+
+    base_text = "A = 1\n\nB = 2\n"
+    root = author_series(
+        tmp_path / "p",
+        "1.0.0",
+        [{"id": "insert", "edit": {"vllm/extra.py": "A = 1\nW = 0\n\nB = 2\n"}}],
+        files={**release_files("1.0.0"), "vllm/extra.py": base_text},
+    )
+    monkeypatch.setenv("MOE_PATCH_SERIES", str(root))
+    fake_index.add(
+        "1.0.0", make_sdist("1.0.0", {**release_files("1.0.0"), "vllm/extra.py": base_text})
+    )
+    files = release_files("1.3.0")
+    files["vllm/extra.py"] = "A = 1\n\nif A:\n    U = 3\n\nB = 2\n"
+    fake_index.add("1.3.0", make_sdist("1.3.0", files))
+    into = tmp_path / "t"
+    result, report = apply_json("--vllm", "1.3.0", "--into", str(into))
+    assert result.exit_code == 0, result.output
+    assert report["patches"][0]["status"] == "applied (3-way)"
+    patched = git(into, "rev-parse", "HEAD")
+
+    again = applier.apply_series(into, patched, "1.3.0", series.for_version("1.3.0"))
+    outcome = again.outcomes[0]
+    assert outcome.status == "already upstream", outcome.detail
+    assert f"commit {report['patches'][0]['commit'][:12]}" in outcome.detail
+    assert git(into, "rev-parse", "HEAD") == patched
+    assert git(into, "status", "--porcelain") == ""
+
+
 def test_three_way_for_a_second_patch_to_the_same_file(fake_index, tmp_path, monkeypatch):
     # Both patches change the kernel file.  The second one's preimage is the file as
     # the first left it on 1.0.0, a blob no release contains.  On 1.3.0 the first

@@ -423,4 +423,51 @@ def upstream_evidence(tree: Path, patch: Patch) -> str | None:
             return f"probe: {result.detail}"
     if apply_check(tree, patch, "-R") is None:
         return "the tree already contains this change (it reverse-applies cleanly)"
+    made = _commit_made_for(tree, patch)
+    if made and _reverse_applies(tree, made):
+        return (
+            f"the tree already contains this change as commit {made[:12]} made it "
+            "(a 3-way merge; its diff reverse-applies cleanly)"
+        )
     return None
+
+
+_OWN_HISTORY = 64  # commits of HEAD's first-parent history searched for an earlier run's
+
+
+def _commit_made_for(tree: Path, patch: Patch) -> str | None:
+    """The commit an earlier run made for ``patch`` near HEAD (same author, date and
+    subject: commits are made with the patch's own), if any.
+
+    A patch merged 3-way differs from what it became on the tree, so its own reverse may
+    not apply where the commit's does."""
+    address = email.utils.parseaddr(patch.author)[1]
+    try:
+        when = int(email.utils.parsedate_to_datetime(patch.date).timestamp())
+    except (TypeError, ValueError):
+        return None
+    try:
+        log = gitutil.run(
+            tree, "log", "--first-parent", f"-n{_OWN_HISTORY}", "--format=%H%x00%ae%x00%at%x00%s"
+        )
+    except git.GitCommandError:  # no commits yet
+        return None
+    for line in log.splitlines():
+        commit, author, at, subject = line.split("\0", 3)
+        if author == address and at == str(when) and subject == patch.subject:
+            return commit
+    return None
+
+
+def _reverse_applies(tree: Path, commit: str) -> bool:
+    with cache.scratch("diff") as scratch:
+        diff = scratch / "commit.diff"
+        try:
+            made = gitutil.run(
+                tree, "diff-tree", "-p", "--binary", "--no-color", f"{commit}^", commit
+            )
+            diff.write_text(made + "\n")
+            gitutil.run(tree, "apply", "--check", "-R", str(diff))
+        except git.GitCommandError:  # no parent, or the change is no longer all there
+            return False
+    return True
