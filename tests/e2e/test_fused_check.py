@@ -1,0 +1,115 @@
+"""``moe_e2e.fused_check``'s parts that need no engine: the float64 layer, the weights it gives
+the engine's MoE layers, and the verdict on a record."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from moe_e2e.fused_check import (  # noqa: E402
+    LAYER_BOUND,
+    PATH_BOUND,
+    dequantized,
+    failures,
+    float64_layer,
+    randomise_experts,
+)
+
+
+def test_dequantized_block_scales_cover_their_128x128_tiles():
+    gen = torch.Generator().manual_seed(1)
+    weight = (torch.randn(2, 200, 300, generator=gen) * 50).to(torch.float8_e4m3fn)
+    scale = torch.rand(2, 2, 3, generator=gen) + 0.5
+    got = dequantized(weight, scale, [128, 128])
+    for e, n, k in [(0, 0, 0), (1, 127, 128), (1, 199, 299), (0, 150, 5)]:
+        expected = float(weight[e, n, k].double()) * float(scale[e, n // 128, k // 128])
+        assert got[e, n, k].item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_float64_layer_is_the_routed_weighted_sum_of_silu_and_mul_experts():
+    gen = torch.Generator().manual_seed(2)
+    E, H, inter, M, top_k = 4, 16, 8, 3, 2
+    w1 = torch.randn(E, 2 * inter, H, generator=gen, dtype=torch.float64)
+    w2 = torch.randn(E, H, inter, generator=gen, dtype=torch.float64)
+    x = torch.randn(M, H, generator=gen)
+    ids = torch.tensor([[0, 3], [2, 1], [3, 3]])
+    weights = torch.rand(M, top_k, generator=gen)
+    got = float64_layer(x, w1, w2, weights, ids)
+    h = torch.einsum("mknh,mh->mkn", w1[ids], x.double())
+    act = torch.nn.functional.silu(h[..., :inter]) * h[..., inter:]
+    expected = (torch.einsum("mkhi,mki->mkh", w2[ids], act) * weights.double()[..., None]).sum(1)
+    torch.testing.assert_close(got, expected)
+
+
+def test_randomise_experts_gives_every_fp8_moe_layer_a_signal():
+    layer = torch.nn.Module()
+    shapes = {"w13_weight": (4, 64, 32), "w2_weight": (4, 32, 32)}
+    for name, shape in shapes.items():
+        zeros = torch.zeros(shape, dtype=torch.float8_e4m3fn)
+        setattr(layer, name, torch.nn.Parameter(zeros, requires_grad=False))
+    layer.w13_weight_scale_inv = torch.nn.Parameter(torch.zeros(4, 1, 1), requires_grad=False)
+    layer.w2_weight_scale = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
+    dense = torch.nn.Linear(8, 8)  # not MoE: left as it is
+    before = dense.weight.clone()
+    assert randomise_experts(torch.nn.Sequential(layer, dense)) == 1
+    assert 40 < layer.w13_weight.float().std() < 90 and layer.w2_weight.float().std() > 40
+    assert torch.all(layer.w13_weight_scale_inv == 1 / (64 * 32**0.5))
+    assert torch.all(layer.w2_weight_scale == 1 / (64 * 32**0.5))
+    assert torch.equal(dense.weight, before)
+
+
+def _record(mode="eager", **changes):
+    check = {
+        "tokens": 1,
+        "fused_vs_unfused": 0.05,
+        "fused_vs_float64": 0.04,
+        "unfused_vs_float64": 0.045,
+        "finite": True,
+        "norms": {"input": 10.0, "float64": 3.0},
+    }
+    record = {
+        "mode": mode,
+        "moe_layers_randomised": 2,
+        "checks": [check],
+        "summary": {
+            "fused_calls": 1,
+            "checked": 1,
+            "max_fused_vs_unfused": 0.05,
+            "max_fused_vs_float64": 0.04,
+            "all_finite": True,
+            "lengths_ok": True,
+        },
+    }
+    for key, value in changes.items():
+        if key in record["summary"]:
+            record["summary"][key] = value
+        elif key == "float64_norm":
+            check["norms"]["float64"] = value
+        else:
+            record[key] = value
+    return record
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"fused_calls": 0}, "never taken"),
+        ({"lengths_ok": False}, "did not decode"),
+        ({"moe_layers_randomised": 0}, "no FP8 MoE layer"),
+        ({"checked": 0}, "no fused call was checked"),
+        ({"all_finite": False}, "not finite"),
+        ({"max_fused_vs_float64": LAYER_BOUND}, "fused vs float64"),
+        ({"max_fused_vs_unfused": PATH_BOUND}, "fused vs unfused"),
+        ({"float64_norm": 0.0}, "next to zero"),
+    ],
+)
+def test_failures_names_what_does_not_hold(changes, words):
+    assert failures(_record()) == []
+    found = failures(_record(**changes))
+    assert len(found) == 1 and words in found[0]
+
+
+def test_graphs_mode_holds_no_numbers_it_did_not_take():
+    record = _record("graphs", checks=[], checked=0, max_fused_vs_float64=None)
+    assert failures(record) == []
