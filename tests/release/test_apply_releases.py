@@ -121,9 +121,7 @@ def test_idempotent_on_a_real_tree(tmp_path):
     print(f"second apply on a real 0.21.0 tree: {elapsed:.2f} s")
 
 
-@pytest.mark.parametrize(
-    "version", ["0.21.0", "0.33.0", "0.34.0"]
-)  # one release per series
+@pytest.mark.parametrize("version", ["0.21.0", "0.33.0", "0.34.0"])  # one release per series
 def test_jit_patch_is_recognised_as_upstream_once_applied(release_tree, version):
     """Re-applying onto an already patched tree reports 'already upstream', not a failure
     (each patch's context must survive the patches after it; on 0.33.0 triton-moe-warmup
