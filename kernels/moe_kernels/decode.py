@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 from . import interpreter_compat
 from .loader import FUSED_MOE_REL, KernelLoadError, import_source
@@ -43,3 +43,30 @@ def load_fused_moe_decode(tree: str | os.PathLike[str]) -> ModuleType:
     return import_source(
         text, f"{digest}/vllm_fused_moe_decode_{digest}.py", f"_moe_kernels_decode_{digest}"
     )
+
+
+def fused_decode_tokens(
+    tree: str | os.PathLike[str],
+    experts_shape: tuple[int, int],
+    block: bool,
+    static_activations: bool = False,
+) -> int:
+    """The largest decode batch the tree's rule sends down the fused path for a layer of
+    ``experts_shape`` (hidden, intermediate) in FP8 (128x128 blocks, or per-tensor weights
+    with dynamic or static activation scales), read from the tree's own module
+    (``max_fused_tokens`` and ``MAX_EXPERT_BYTES``); 0 where it has no fused path or the
+    rule never takes it.  The rule's other conditions (Hopper, vLLM's Triton experts, no
+    expert parallelism, SiLU) are the engine's to meet."""
+    if not has_fused_decode(tree):
+        return 0
+    module = load_fused_moe_decode(tree)
+    hidden, intermediate = experts_shape
+    if 3 * hidden * intermediate > module.MAX_EXPERT_BYTES:  # gate, up and down in FP8
+        return 0
+    quant = SimpleNamespace(
+        block_shape=[128, 128] if block else None,
+        per_out_ch_quant=False,
+        per_act_token_quant=False,
+        a1_scale=1.0 if static_activations else None,
+    )
+    return int(module.max_fused_tokens(quant))

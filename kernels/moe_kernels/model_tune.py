@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from .configs import BLOCK_SHAPE, MIN_GAIN, keeps_pace, vllm_entry
+from .decode import fused_decode_tokens
 from .dispatch import config_for, device_name, tree_selection
 from .loader import load_fused_moe_kernel
 from .lookup import own_beyond_the_search
@@ -218,6 +219,7 @@ def tune_model(
     on_discard: Callable[[list[str]], None] | None = None,
     release: Path | None = None,
     series_version: str | None = None,
+    static_activations: bool = False,
 ) -> dict:
     """Tune ``shape`` at every M of ``Ms`` on ``tree``'s kernel; write the config file and
     the report into ``out`` after each M and return the report.  With ``release`` (the
@@ -229,7 +231,10 @@ def tune_model(
     kept from an earlier run; ``on_discard`` with the inputs that differ when ``out`` holds an earlier run with other inputs (a tree whose
     fused-MoE folder changed, another seed ...), whose results are then timed again.
     ``series_version``: the version of the series ``tree`` carries, as its caller knows it
-    (``moe-patch tune`` passes its own), recorded among the inputs."""
+    (``moe-patch tune`` passes its own), recorded among the inputs.  The report's
+    ``fused_decode_tokens``: the largest batch that the tree's fused decode rule takes away
+    from ``fused_moe_kernel`` on Hopper for this layer (``static_activations``: the model's
+    activation scales are calibrated; 0: never), whose configs serve only without it."""
     Ms = sorted(set(Ms))
     out.mkdir(parents=True, exist_ok=True)
     name = config_file_name(tree, shape, quant)
@@ -252,6 +257,9 @@ def tune_model(
         "series_commit": checkout_commit(),  # not an input: a new commit keeps the results
         "environment": environment(),
         "config_file": name,
+        "fused_decode_tokens": fused_decode_tokens(
+            tree, (shape.hidden, shape.intermediate), quant == "block", static_activations
+        ),
         "results": rows,
     }
     variant = Variant("tree", Path(tree), load_fused_moe_kernel(Path(tree)))

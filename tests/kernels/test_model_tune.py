@@ -139,8 +139,13 @@ def test_the_command_prints_the_gain_per_m_and_the_folder_for_vllm(tree, tmp_pat
     lines = result.output.splitlines()
     assert lines[0].split() == ["M", "dispatch", "µs", "tuned", "µs", "speed-up"]
     assert [line.split()[0] for line in lines[1:3]] == ["1", "2"]
-    assert lines[3] == f"wrote {out / tiny_file_name()}"
-    assert lines[4] == f"export VLLM_TUNED_CONFIG_FOLDER={out}"
+    # the tree's fused decode rule takes this small per-tensor dynamic layer up to 8 tokens
+    assert lines[3] == (
+        "at M <= 8 vLLM runs this layer's fused decode path on Hopper (the tree's rule), not "
+        "these configs: they serve there with VLLM_FUSED_MOE_DECODE=0"
+    )
+    assert lines[4] == f"wrote {out / tiny_file_name()}"
+    assert lines[5] == f"export VLLM_TUNED_CONFIG_FOLDER={out}"
     from moe_patch import __version__  # the command names its own series to the harness
 
     assert json.loads((out / model_tune.STATE_NAME).read_text())["inputs"]["series_version"] == (
@@ -371,3 +376,30 @@ def test_the_command_takes_auto_or_a_number_of_routings(tmp_path):
         result = CliRunner().invoke(main, [*args, "--routings", bad])
         assert result.exit_code == 2 and "--routings" in result.output, result.output
         assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("tree_name", "experts_shape", "block", "static", "tokens"),
+    [
+        ("0.21.0+moe", (2048, 768), False, False, 8),  # Qwen3-30B-A3B, dynamic scales
+        ("0.21.0+moe", (2048, 768), True, False, 1),  # block-scaled: one token
+        ("0.21.0+moe", (2048, 768), False, True, 0),  # calibrated scales keep the unfused path
+        ("0.21.0+moe", (4096, 14336), False, False, 0),  # Mixtral's 176 MB experts
+        ("0.21.0", (2048, 768), False, False, 0),  # the release has no fused path
+    ],
+)
+def test_tune_reads_the_fused_decode_rule_from_the_tree(
+    release_trees, tree_name, experts_shape, block, static, tokens
+):
+    from moe_kernels.decode import fused_decode_tokens
+
+    tree = release_trees(tree_name)
+    assert fused_decode_tokens(tree, experts_shape, block, static) == tokens
+
+
+def test_a_static_activation_scheme_is_read_from_the_model(tmp_path):
+    config = {**TINY_MODEL, "quantization_config": {"activation_scheme": "static"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert moe_shape(tmp_path, tp=1).static_activations is True
+    (tmp_path / "config.json").write_text(json.dumps(TINY_MODEL))
+    assert moe_shape(tmp_path, tp=1).static_activations is False

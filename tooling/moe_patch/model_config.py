@@ -29,6 +29,8 @@ class MoeShape:
     hidden: int
     intermediate: int
     quant: str  # "block" where config.json's quantization_config has weight_block_size
+    # calibrated activation scales (quantization_config's activation_scheme "static")
+    static_activations: bool = False
 
 
 def config_path(model: Path) -> Path:
@@ -80,4 +82,6 @@ def moe_shape(model: Path, tp: int) -> MoeShape:
         hidden=_positive_int(config, ("hidden_size",), path),
         intermediate=intermediate // tp,
         quant="block" if block else "tensor",
+        static_activations=isinstance(quantization, dict)
+        and quantization.get("activation_scheme") == "static",
     )

@@ -366,6 +366,12 @@ def render_tune(result: Tuned) -> str:
         if against_release:
             cells.append(f"{row['speedup_over_release']:.2f}x")
         lines.append("  ".join([f"{M:>5}", *(f"{c:>11}" for c in cells)]))
+    fused = result.report.get("fused_decode_tokens") or 0
+    if fused and result.token_counts[0] <= fused:
+        lines.append(
+            f"at M <= {fused} vLLM runs this layer's fused decode path on Hopper (the tree's "
+            "rule), not these configs: they serve there with VLLM_FUSED_MOE_DECODE=0"
+        )
     out = Path(result.out)
     lines.append(f"wrote {out / result.report['config_file']}")
     lines.append(f"export VLLM_TUNED_CONFIG_FOLDER={out.resolve()}")

@@ -82,6 +82,7 @@ def tune(
                     on_discard=on_discard,
                     release=unpatched,
                     series_version=__version__,
+                    static_activations=shape.static_activations,
                 )
             except KernelLoadError as exc:
                 raise UsageError(f"cannot load fused_moe_kernel: {exc}") from None
