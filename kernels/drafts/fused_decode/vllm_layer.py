@@ -40,9 +40,9 @@ from moe_kernels.measure import (  # noqa: E402
     interleaved_times_us,
     make_weights,
     measure_bandwidth,
-    routing,
 )
 from moe_kernels.reference import dequantize_weights, ref_moe_layer_float  # noqa: E402
+from moe_kernels.vllm_layer import calibrated, routed  # noqa: E402
 from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
 from vllm.model_executor.layers.fused_moe.config import fp8_w8a8_moe_quant_config  # noqa: E402
 from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts  # noqa: E402
@@ -67,32 +67,6 @@ def vllm_call(weights, x, ids, tw, quant, static_scales, copy):
         block_shape=list(BLOCK_SHAPE) if quant == "block" else None,
     )  # fmt: skip
     return fused_experts(x, w1, w2, tw, ids, quant_config=config)
-
-
-def calibrated(x, w1d, ids):
-    """Static activation scales as a calibration would set them for this batch: the
-    hidden states' and the SiLU-and-mul intermediate's largest magnitude over 448."""
-    inter = w1d.size(1) // 2
-    acts = []
-    for t in range(x.size(0)):
-        for e in ids[t].tolist():
-            g = w1d[e] @ x[t].double()
-            acts.append((torch.nn.functional.silu(g[:inter]) * g[inter:]).abs().max())
-    a1 = (x.abs().max().float() / 448.0).reshape(1)
-    a2 = (torch.stack(acts).max().float() / 448.0).reshape(1)
-    return a1, a2
-
-
-def routed(M, shape, gen, kind):
-    """``uniform``: each token's top-k of its own random logits (the harness's routing);
-    ``shared``: the tokens' logits mostly one shared vector, so they pick the same few
-    experts (fewer experts hit, more tokens each)."""
-    if kind == "uniform":
-        return routing(M, shape, gen)
-    logits = torch.randn(1, shape.experts, generator=gen, device=DEVICE) * 3.0
-    logits = logits + 0.5 * torch.randn(M, shape.experts, generator=gen, device=DEVICE)
-    weights, ids = torch.topk(torch.softmax(logits, dim=-1), shape.topk, dim=-1)
-    return ids.to(torch.int32), (weights / weights.sum(-1, keepdim=True)).float()
 
 
 def case(shape, quant, M, weights, configs, gen, bandwidth, replays, tree_label, profile, kind):
