@@ -113,3 +113,31 @@ def test_failures_names_what_does_not_hold(changes, words):
 def test_graphs_mode_holds_no_numbers_it_did_not_take():
     record = _record("graphs", checks=[], checked=0, max_fused_vs_float64=None)
     assert failures(record) == []
+
+
+def test_the_gpu_test_keeps_a_record_with_its_provenance(tmp_path, monkeypatch):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import moe_e2e.run
+
+    path = Path(__file__).with_name("test_fused_decode_engine_gpu.py")
+    spec = importlib.util.spec_from_file_location("fused_decode_engine_gpu", path)
+    gpu_test = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_test)
+    monkeypatch.setattr(moe_e2e.run, "environment", lambda: {"gpu": "NVIDIA H100 80GB HBM3"})
+    site = tmp_path / "site-patched"
+    staged = {"sites": {"patched": str(site)}, "series_version": "0.4.0", "series_commit": "c0"}
+    record = {"summary": {"fused_calls": 3}, "vllm_path": f"{site}/vllm/__init__.py"}
+    gpu_test._keep(record, staged, "fp8-block", "eager")  # no MOE_E2E_RECORDS: nothing
+    assert not (tmp_path / "kept").exists()
+    monkeypatch.setenv("MOE_E2E_RECORDS", str(tmp_path / "kept"))
+    gpu_test._keep(record, staged, "fp8-block", "eager")
+    kept = json.loads((tmp_path / "kept" / "fp8-block-eager.json").read_text())
+    assert kept["vllm_path"] == "<site-packages>/vllm/__init__.py"
+    assert kept["series_version"] == "0.4.0" and kept["environment"]["gpu"].startswith("NVIDIA")
+    assert kept["command"].endswith(
+        "tests/e2e/test_fused_decode_engine_gpu.py -k 'eager and fp8-block'"
+    )
+    assert kept["summary"] == {"fused_calls": 3}

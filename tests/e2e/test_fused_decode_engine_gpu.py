@@ -3,7 +3,8 @@
 GPU tier: needs a CUDA GPU and a staged bundle whose patched wheel has ``fused-decode``
 (``python -m moe_e2e.stage``; its directory in ``MOE_E2E_STAGED``, default ~/moe-e2e).
 Skipped elsewhere, so never run in CI.  ``moe_e2e.fused_check`` does the work in a fresh
-process per engine; this reads its record.
+process per engine; this reads its record, and with ``MOE_E2E_RECORDS`` set writes it there
+with the machine, the bundle's series and the command, for the results to commit.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 STAGED = Path(os.environ.get("MOE_E2E_STAGED", "~/moe-e2e")).expanduser()
+ROOT = Path(__file__).resolve().parents[2]
 # The batches fused_check decodes, and the largest the patch's rule fuses per kind.
 BATCHES = {1, 3, 8, 16}
 MOST_FUSED = {"fp8-dynamic": 8, "fp8-block": 1}
@@ -57,6 +59,26 @@ def _fused_check(staged: dict, kind: str, mode: str, tmp_path: Path) -> dict:
     return {"returncode": done.returncode, "tail": done.stdout[-2000:] + done.stderr[-4000:]}
 
 
+def _keep(record: dict, staged: dict, kind: str, mode: str) -> None:
+    folder = os.environ.get("MOE_E2E_RECORDS")
+    if not folder:
+        return
+    from moe_e2e.run import environment
+
+    site = str(Path(staged["sites"]["patched"]).resolve())
+    kept = {
+        "command": f"MOE_E2E_RECORDS=$OUT pytest {Path(__file__).relative_to(ROOT)} -k "
+        f"'{mode} and {kind}'",
+        "series_version": staged["series_version"],
+        "series_commit": staged.get("series_commit"),
+        "environment": environment(),
+        **record,
+        "vllm_path": record["vllm_path"].replace(site, "<site-packages>"),
+    }
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / f"{kind}-{mode}.json").write_text(json.dumps(kept, indent=1) + "\n")
+
+
 @pytest.mark.parametrize("kind", ["fp8-dynamic", "fp8-block"])
 @pytest.mark.parametrize("mode", ["eager", "graphs"])
 def test_fused_decode_layer_matches_the_unfused_path(kind, mode, tmp_path):
@@ -67,6 +89,7 @@ def test_fused_decode_layer_matches_the_unfused_path(kind, mode, tmp_path):
     record_path = tmp_path / f"{kind}-{mode}.json"
     assert record_path.exists(), run["tail"]
     record = json.loads(record_path.read_text())
+    _keep(record, staged, kind, mode)
     assert record["failures"] == [] and run["returncode"] == 0, record["failures"] or run["tail"]
     assert Path(record["vllm_path"]).parent.parent.resolve() == (
         Path(staged["sites"]["patched"]).resolve()
