@@ -163,6 +163,17 @@ def randomise_experts(model) -> int:
     return layers
 
 
+def fused_kernels_compiled() -> list[str]:
+    """The fused path's kernels in Triton's cache (one entry per compiled variant): those
+    that appear after start-up were compiled on the request path."""
+    folder = os.environ.get("TRITON_CACHE_DIR")
+    if not folder or not Path(folder).is_dir():
+        return []
+    return sorted(
+        f"{path.parent.name}/{path.stem}" for path in Path(folder).glob("*/_moe_decode_*.json")
+    )
+
+
 def summarise(record: dict) -> dict:
     checks = record["checks"]
     return {
@@ -229,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     record["startup_s"] = time.time() - started
     record["calls_after_startup"] = record["fused_calls"]
+    at_startup = fused_kernels_compiled()
     record["moe_layers_randomised"] = sum(llm.apply_model(randomise_experts))
     params = SamplingParams(
         temperature=0.0, max_tokens=OUTPUT_TOKENS, ignore_eos=True, detokenize=False
@@ -241,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
         ]
         outputs = llm.generate(prompts, params, use_tqdm=False)
         record["tokens"][str(batch)] = [list(o.outputs[0].token_ids) for o in outputs]
+    record["fused_kernels_at_startup"] = len(at_startup)
+    record["fused_kernels_compiled_while_serving"] = [
+        name.split("/")[1] for name in fused_kernels_compiled() if name not in at_startup
+    ]
     record["summary"] = summarise(record)
     record["failures"] = failures(record)
     args.out.write_text(json.dumps(record, indent=1))

@@ -141,3 +141,19 @@ def test_the_gpu_test_keeps_a_record_with_its_provenance(tmp_path, monkeypatch):
         "tests/e2e/test_fused_decode_engine_gpu.py -k 'eager and fp8-block'"
     )
     assert kept["summary"] == {"fused_calls": 3}
+
+
+def test_the_fused_kernels_compiled_are_read_from_tritons_cache(tmp_path, monkeypatch):
+    from moe_e2e.fused_check import fused_kernels_compiled
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "nowhere"))
+    assert fused_kernels_compiled() == []
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    for entry, name in [("a1", "_moe_decode_up_kernel"), ("b2", "fused_moe_kernel"),
+                        ("c3", "_moe_decode_down_kernel"), ("d4", "_moe_decode_up_kernel")]:  # fmt: skip
+        (tmp_path / entry).mkdir()
+        (tmp_path / entry / f"{name}.json").write_text("{}")
+        (tmp_path / entry / f"{name}.cubin").write_text("")
+    assert fused_kernels_compiled() == [
+        "a1/_moe_decode_up_kernel", "c3/_moe_decode_down_kernel", "d4/_moe_decode_up_kernel",
+    ]  # fmt: skip
