@@ -20,7 +20,7 @@ from .resultfile import markdown_path, read_report
 SKIP_SHAPES = {"tiny-smoke-test"}
 
 
-def _geomean(values: list[float]) -> float:
+def geomean(values: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
@@ -127,8 +127,8 @@ def combine_routings(rows: list[dict]) -> list[dict]:
         if len(measured) == 1:
             combined.append(measured[0])
             continue
-        us = _geomean([r["us"] for r in measured])
-        floor_us = _geomean([r["floor_us"] for r in measured])
+        us = geomean([r["us"] for r in measured])
+        floor_us = geomean([r["floor_us"] for r in measured])
         combined.append(
             {
                 **measured[0],
@@ -173,7 +173,7 @@ def bench_markdown(report: dict) -> str:
                 ]
                 out.append(
                     f"| {gemm} | {quant} | `{v}` | {statistics.median(fractions):.3f} | "
-                    f"{min(fractions):.3f} | {_geomean(speedups):.3f}× | {max(others):.3f} |"
+                    f"{min(fractions):.3f} | {geomean(speedups):.3f}× | {max(others):.3f} |"
                 )
     out += fixed_cost_section(cases)
     out += ["", "## Every measurement (µs per call; fraction of floor in brackets)", ""]

@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from .report import geomean
+
 CALLS = 32  # per graph, a multiple of COPIES
 # vLLM's FP8 layer and the fused path against float64: their activations' FP8 error (the
 # layer's worst on the measured shapes: 0.050).
@@ -51,10 +53,6 @@ ROUTINGS = ("uniform", "shared")
 # FP8-dynamic), 128x128 blocks with per-token groups of 128 (``block``).
 KINDS = ("tensor", "static", "channel", "block")
 WEIGHT_QUANT = {"tensor": "tensor", "static": "tensor", "channel": "channel", "block": "block"}
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def token_counts(spec: str) -> list[int]:

@@ -211,8 +211,12 @@ def check_symlinks(tree: Path, base: str, patches: list[Patch]) -> None:
 
 def apply_check(tree: Path, patch: Patch, *extra: str) -> str | None:
     """None if ``git apply --check`` accepts the patch, else git's error output."""
+    return _diff_check(tree, patch.path, *extra)
+
+
+def _diff_check(tree: Path, diff: Path, *extra: str) -> str | None:
     try:
-        gitutil.run(tree, "apply", "--check", *extra, str(patch.path))
+        gitutil.run(tree, "apply", "--check", *extra, str(diff))
         return None
     except git.GitCommandError as exc:
         return str(exc.stderr or exc)
@@ -466,8 +470,7 @@ def _reverse_applies(tree: Path, commit: str) -> bool:
             made = gitutil.run(
                 tree, "diff-tree", "-p", "--binary", "--no-color", f"{commit}^", commit
             )
-            diff.write_text(made + "\n")
-            gitutil.run(tree, "apply", "--check", "-R", str(diff))
-        except git.GitCommandError:  # no parent, or the change is no longer all there
+        except git.GitCommandError:  # no parent
             return False
-    return True
+        diff.write_text(made + "\n")
+        return _diff_check(tree, diff, "-R") is None
